@@ -1,0 +1,148 @@
+"""The paged KV cache: one pool of fixed-size blocks per layer, shared by all slots.
+
+Storage is flat per layer: `k[layer]` has shape [num_blocks * block_size, n_kv_heads, head_dim],
+so a token's K/V lives at `block * block_size + offset`. Sequences own lists of blocks (their
+block table); blocks are reference-counted so several sequences can share a prefix (the `n`
+choices of one request share the prompt's blocks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+class KVCacheFullError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    num_layers: int
+    n_kv_heads: int
+    head_dim_k: int
+    head_dim_v: int
+
+
+class KVCache:
+    def __init__(
+        self,
+        layout: KVLayout,
+        num_blocks: int,
+        block_size: int = 16,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ):
+        self.layout = layout
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        n = num_blocks * block_size
+        self.k = [torch.zeros(n, layout.n_kv_heads, layout.head_dim_k, dtype=dtype, device=device) for _ in range(layout.num_layers)]
+        self.v = [torch.zeros(n, layout.n_kv_heads, layout.head_dim_v, dtype=dtype, device=device) for _ in range(layout.num_layers)]
+        self.allocator = BlockAllocator(num_blocks)
+
+    @staticmethod
+    def bytes_needed(layout: KVLayout, num_tokens: int, dtype: torch.dtype = torch.float32) -> int:
+        per_token = layout.n_kv_heads * (layout.head_dim_k + layout.head_dim_v) * layout.num_layers
+        return per_token * num_tokens * torch.finfo(dtype).bits // 8
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k[layer].index_copy_(0, slots, k.to(self.k[layer].dtype))
+        self.v[layer].index_copy_(0, slots, v.to(self.v[layer].dtype))
+
+    def copy_tokens(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy K/V entries between pool indices in every layer (used to un-share a block)."""
+        for layer in range(self.layout.num_layers):
+            self.k[layer][dst] = self.k[layer][src]
+            self.v[layer][dst] = self.v[layer][src]
+
+
+@dataclass
+class BlockAllocator:
+    num_blocks: int
+    ref_counts: list[int] = field(init=False)
+    free: list[int] = field(init=False)
+
+    def __post_init__(self):
+        self.ref_counts = [0] * self.num_blocks
+        # Hand out low block ids first (pop from the end).
+        self.free = list(range(self.num_blocks - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def allocate(self) -> int:
+        if not self.free:
+            raise KVCacheFullError("the KV cache has no free block")
+        block = self.free.pop()
+        self.ref_counts[block] = 1
+        return block
+
+    def share(self, block: int) -> None:
+        self.ref_counts[block] += 1
+
+    def release(self, block: int) -> None:
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            self.free.append(block)
+        elif self.ref_counts[block] < 0:
+            raise RuntimeError(f"block {block} released more often than allocated")
+
+
+class BlockTable:
+    """The blocks of one sequence, in order, and how many token positions are filled."""
+
+    def __init__(self, cache: KVCache):
+        self.cache = cache
+        self.blocks: list[int] = []
+        self.num_tokens = 0
+
+    def slots(self, start: int = 0, end: int | None = None) -> list[int]:
+        end = self.num_tokens if end is None else end
+        bs = self.cache.block_size
+        return [self.blocks[i // bs] * bs + i % bs for i in range(start, end)]
+
+    def reserve(self, num_tokens: int) -> None:
+        """Make room for positions up to `num_tokens` (allocating blocks as needed)."""
+        bs = self.cache.block_size
+        need = (num_tokens + bs - 1) // bs
+        while len(self.blocks) < need:
+            self.blocks.append(self.cache.allocator.allocate())
+
+    def truncate(self, num_tokens: int) -> None:
+        """Forget positions from `num_tokens` on, freeing whole blocks past it."""
+        bs = self.cache.block_size
+        keep = (num_tokens + bs - 1) // bs
+        for block in self.blocks[keep:]:
+            self.cache.allocator.release(block)
+        del self.blocks[keep:]
+        self.num_tokens = min(self.num_tokens, num_tokens)
+
+    def release(self) -> None:
+        self.truncate(0)
+
+    def fork(self) -> "BlockTable":
+        """A new table sharing all of this one's blocks (copy-on-write is the caller's job)."""
+        other = BlockTable(self.cache)
+        for block in self.blocks:
+            self.cache.allocator.share(block)
+        other.blocks = list(self.blocks)
+        other.num_tokens = self.num_tokens
+        return other
+
+    def make_last_block_private(self) -> None:
+        """Before writing into a shared partially filled block, give this table its own copy."""
+        if not self.blocks:
+            return
+        last = self.blocks[-1]
+        if self.cache.allocator.ref_counts[last] <= 1:
+            return
+        fresh = self.cache.allocator.allocate()
+        bs = self.cache.block_size
+        src = torch.arange(last * bs, last * bs + bs, device=self.cache.k[0].device)
+        dst = torch.arange(fresh * bs, fresh * bs + bs, device=self.cache.k[0].device)
+        self.cache.copy_tokens(src, dst)
+        self.cache.allocator.release(last)
+        self.blocks[-1] = fresh

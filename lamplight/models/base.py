@@ -1,0 +1,105 @@
+"""What every architecture provides to the engine, and how a GGUF file becomes a model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..engine.kv_cache import KVCache, KVLayout
+from ..gguf.file import GGUFError, GGUFFile
+from ..gguf.quant import dequantize
+from .batch import ForwardBatch
+from .layers import QuantLinear
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    n_layers: int
+    n_embd: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim_k: int
+    head_dim_v: int
+    n_ff: int
+    vocab_size: int
+    n_ctx_train: int
+    rms_eps: float
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        return KVLayout(self.n_layers, self.n_kv_heads, self.head_dim_k, self.head_dim_v)
+
+
+class CausalLM(nn.Module):
+    """Base of all architectures: `forward(batch, kv)` returns logits for `batch.logit_rows`."""
+
+    config: ModelConfig
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+
+    def embed(self, batch: ForwardBatch) -> torch.Tensor:
+        h = self.token_embd[batch.token_ids]
+        if batch.embedding_overrides is not None:
+            rows, values = batch.embedding_overrides
+            h[rows] = values.to(h.dtype)
+        return h
+
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def max_positions(self, n_ctx: int) -> int:
+        return n_ctx
+
+
+class WeightSource:
+    """Takes tensors out of a GGUF file by name, with clear errors for missing ones."""
+
+    def __init__(self, gguf: GGUFFile):
+        self.gguf = gguf
+
+    def has(self, name: str) -> bool:
+        return name in self.gguf.tensors
+
+    def linear(self, name: str) -> QuantLinear:
+        return QuantLinear(self._info(name))
+
+    def dense(self, name: str) -> torch.Tensor:
+        return dequantize(self._info(name))
+
+    def _info(self, name: str):
+        info = self.gguf.tensors.get(name)
+        if info is None:
+            raise GGUFError(f"{self.gguf.path}: tensor {name} is missing")
+        return info
+
+
+def read_common_config(gguf: GGUFFile) -> ModelConfig:
+    n_embd = int(gguf.require_arch_value("embedding_length"))
+    n_heads = int(gguf.require_arch_value("attention.head_count"))
+    n_kv_heads = gguf.arch_value("attention.head_count_kv", n_heads)
+    if not isinstance(n_kv_heads, int):
+        raise GGUFError(f"{gguf.path}: per-layer head counts are not supported")
+    head_dim_k = int(gguf.arch_value("attention.key_length", n_embd // n_heads))
+    head_dim_v = int(gguf.arch_value("attention.value_length", n_embd // n_heads))
+    tokens = gguf.metadata.get("tokenizer.ggml.tokens")
+    vocab = gguf.arch_value("vocab_size") or (len(tokens) if tokens is not None else None)
+    if vocab is None:
+        vocab = gguf.tensors["token_embd.weight"].shape[0]
+    return ModelConfig(
+        architecture=gguf.architecture,
+        n_layers=int(gguf.require_arch_value("block_count")),
+        n_embd=n_embd,
+        n_heads=n_heads,
+        n_kv_heads=int(n_kv_heads),
+        head_dim_k=head_dim_k,
+        head_dim_v=head_dim_v,
+        n_ff=int(gguf.require_arch_value("feed_forward_length")),
+        vocab_size=int(vocab),
+        n_ctx_train=int(gguf.arch_value("context_length", 4096)),
+        rms_eps=float(gguf.arch_value("attention.layer_norm_rms_epsilon", 1e-5)),
+    )

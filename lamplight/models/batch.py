@@ -1,0 +1,132 @@
+"""The flattened batch one forward step runs on.
+
+A step holds tokens of several sequences at once: one decode token for each generating slot and
+prompt chunks of new requests. All tokens are flattened into one list (ids, positions, where
+their K/V is written in the paged pool). Attention is computed per *group*: all single-token
+(decode) sequences form one group; each prompt chunk forms its own group. Inside a group the
+queries and keys of each sequence are padded to a common length and masked, so one attention
+call serves the group. The masks are built once per step and shared by all layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class SequenceChunk:
+    """The part of one sequence computed in this step.
+
+    `kv_slots` lists, in position order, the pool index of every K/V entry the chunk attends to:
+    the cached context followed by the chunk's own tokens (whose entries are written this step).
+    """
+
+    token_ids: Sequence[int]
+    start_pos: int
+    kv_slots: Sequence[int]
+    need_logits: bool = True  # usually only the last chunk of a prompt, or a decode token
+    all_logits: bool = False  # logits for every token of the chunk (teacher forcing, scoring)
+
+
+@dataclass
+class AttentionGroup:
+    query_rows: torch.Tensor  # [B, Q] row of each query in the flattened batch (padding: 0)
+    query_valid: torch.Tensor  # [B, Q] bool
+    kv_index: torch.Tensor  # [B, C] pool index of each key (padding: 0)
+    mask: torch.Tensor  # [B, 1, Q, C] bool: query may attend key (causal, valid)
+    query_pos: torch.Tensor  # [B, Q] query positions (for sliding windows)
+    key_pos: torch.Tensor  # [B, C]
+    _window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def window_mask(self, window: int) -> torch.Tensor:
+        """The mask restricted to keys less than `window` positions behind the query."""
+        if window not in self._window_masks:
+            near = (self.query_pos[:, :, None] - self.key_pos[:, None, :]) < window
+            self._window_masks[window] = self.mask & near[:, None]
+        return self._window_masks[window]
+
+
+@dataclass
+class ForwardBatch:
+    token_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    kv_write_slots: torch.Tensor  # [T] pool index where each token's K/V is stored
+    groups: list[AttentionGroup]
+    logit_rows: torch.Tensor  # [N] rows whose logits are returned, in chunk order
+    # Optional embeddings that replace token embeddings at given rows (multimodal splicing).
+    embedding_overrides: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.numel())
+
+
+def build_forward_batch(chunks: Sequence[SequenceChunk], device: torch.device | str = "cpu") -> ForwardBatch:
+    token_ids: list[int] = []
+    positions: list[int] = []
+    write_slots: list[int] = []
+    logit_rows: list[int] = []
+    decode: list[tuple[int, SequenceChunk]] = []
+    prefill: list[tuple[int, SequenceChunk]] = []
+    for chunk in chunks:
+        n = len(chunk.token_ids)
+        if n == 0:
+            raise ValueError("a sequence chunk must hold at least one token")
+        if len(chunk.kv_slots) != chunk.start_pos + n:
+            raise ValueError("kv_slots must cover the cached context and the chunk's own tokens")
+        first_row = len(token_ids)
+        token_ids.extend(chunk.token_ids)
+        positions.extend(range(chunk.start_pos, chunk.start_pos + n))
+        write_slots.extend(chunk.kv_slots[chunk.start_pos :])
+        if chunk.all_logits:
+            logit_rows.extend(range(first_row, first_row + n))
+        elif chunk.need_logits:
+            logit_rows.append(first_row + n - 1)
+        (decode if n == 1 else prefill).append((first_row, chunk))
+
+    groups = []
+    if decode:
+        groups.append(_make_group(decode, device))
+    groups.extend(_make_group([item], device) for item in prefill)
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+    return ForwardBatch(
+        token_ids=as_long(token_ids),
+        positions=as_long(positions),
+        kv_write_slots=as_long(write_slots),
+        groups=groups,
+        logit_rows=as_long(logit_rows),
+    )
+
+
+def _make_group(items: list[tuple[int, SequenceChunk]], device) -> AttentionGroup:
+    n_q = max(len(c.token_ids) for _, c in items)
+    n_k = max(len(c.kv_slots) for _, c in items)
+    b = len(items)
+    query_rows = torch.zeros(b, n_q, dtype=torch.long)
+    query_valid = torch.zeros(b, n_q, dtype=torch.bool)
+    query_pos = torch.zeros(b, n_q, dtype=torch.long)
+    kv_index = torch.zeros(b, n_k, dtype=torch.long)
+    key_valid = torch.zeros(b, n_k, dtype=torch.bool)
+    for i, (first_row, chunk) in enumerate(items):
+        q = len(chunk.token_ids)
+        k = len(chunk.kv_slots)
+        query_rows[i, :q] = torch.arange(first_row, first_row + q)
+        query_valid[i, :q] = True
+        query_pos[i, :q] = torch.arange(chunk.start_pos, chunk.start_pos + q)
+        kv_index[i, :k] = torch.as_tensor(chunk.kv_slots, dtype=torch.long)
+        key_valid[i, :k] = True
+    key_pos = torch.arange(n_k).expand(b, n_k)
+    # Padded queries sit at position 0 and may see key 0, so no softmax row is all -inf.
+    causal = key_pos[:, None, :] <= query_pos[:, :, None]
+    mask = (causal & key_valid[:, None, :])[:, None]
+    return AttentionGroup(
+        query_rows=query_rows.to(device),
+        query_valid=query_valid.to(device),
+        kv_index=kv_index.to(device),
+        mask=mask.to(device),
+        query_pos=query_pos.to(device),
+        key_pos=key_pos.contiguous().to(device),
+    )

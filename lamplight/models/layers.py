@@ -1,0 +1,106 @@
+"""Building blocks shared by the architectures: quantized linear, RMSNorm, RoPE, paged attention."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..engine.kv_cache import KVCache
+from ..gguf.file import TensorInfo
+from ..gguf.quant import dequantize
+from .batch import ForwardBatch
+
+
+class QuantLinear(nn.Module):
+    """A linear layer whose weight comes from GGUF blocks.
+
+    It keeps the raw GGUF blocks (memory-mapped, no copy) beside the weight it computes with, so a
+    packed kernel per quantization type can replace `forward` without touching model code. The
+    reference path computes with the dequantized float32 weight.
+    """
+
+    def __init__(self, info: TensorInfo):
+        super().__init__()
+        self.name = info.name
+        self.qtype = info.qtype
+        self.raw = info.data
+        self.out_features, self.in_features = info.shape
+        self.register_buffer("weight", dequantize(info), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, weight: torch.Tensor, eps: float):
+        super().__init__()
+        self.register_buffer("weight", weight, persistent=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding in one of llama.cpp's two layouts.
+
+    `neox=False` (llama.cpp's LLAMA_ROPE_TYPE_NORM, used for `llama` GGUFs, whose Q/K rows the
+    converter permuted) rotates adjacent pairs (x0, x1), (x2, x3)...; `neox=True` rotates the two
+    halves (x_i, x_{i+d/2}). Only the first `n_rot` dimensions rotate.
+    """
+
+    def __init__(self, n_rot: int, base: float, max_pos: int, neox: bool, freq_factors: torch.Tensor | None = None):
+        super().__init__()
+        self.n_rot = n_rot
+        self.neox = neox
+        inv_freq = 1.0 / (base ** (torch.arange(0, n_rot, 2, dtype=torch.float64) / n_rot))
+        if freq_factors is not None:
+            inv_freq = inv_freq / freq_factors.to(torch.float64)
+        angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [T, heads, head_dim]; positions: [T]."""
+        cos = self.cos[positions][:, None, :]
+        sin = self.sin[positions][:, None, :]
+        rot, rest = x[..., : self.n_rot], x[..., self.n_rot :]
+        if self.neox:
+            a, b = rot.chunk(2, dim=-1)
+            rotated = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+        else:
+            a, b = rot[..., 0::2], rot[..., 1::2]
+            rotated = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+        return torch.cat((rotated, rest), dim=-1) if rest.numel() else rotated
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layer: int,
+    kv: KVCache,
+    batch: ForwardBatch,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Store this step's K/V in the pool, then attend every group of queries to its keys.
+
+    q: [T, n_heads, head_dim_k]; k: [T, n_kv_heads, head_dim_k]; v: [T, n_kv_heads, head_dim_v].
+    Returns [T, n_heads * head_dim_v].
+    """
+    kv.write(layer, batch.kv_write_slots, k, v)
+    n_tokens, n_heads, _ = q.shape
+    out = q.new_empty(n_tokens, n_heads, v.shape[-1])
+    k_pool, v_pool = kv.k[layer], kv.v[layer]
+    for group in batch.groups:
+        mask = group.mask if window is None else group.window_mask(window)
+        gq = q[group.query_rows].transpose(1, 2)  # [B, H, Q, D]
+        gk = k_pool[group.kv_index].transpose(1, 2).to(q.dtype)  # [B, Hkv, C, D]
+        gv = v_pool[group.kv_index].transpose(1, 2).to(q.dtype)
+        attn = F.scaled_dot_product_attention(gq, gk, gv, attn_mask=mask, scale=scale, enable_gqa=True)
+        attn = attn.transpose(1, 2)  # [B, Q, H, Dv]
+        valid = group.query_valid
+        out[group.query_rows[valid]] = attn[valid]
+    return out.reshape(n_tokens, -1)

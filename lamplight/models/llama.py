@@ -1,0 +1,59 @@
+"""The `llama` architecture (Llama 2/3, Mistral, SmolLM2 ... as converted by llama.cpp)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..engine.kv_cache import KVCache
+from ..gguf.file import GGUFFile
+from .base import CausalLM, WeightSource, read_common_config
+from .batch import ForwardBatch
+from .layers import RMSNorm, Rotary, paged_attention
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, w: WeightSource, i: int, eps: float):
+        super().__init__()
+        p = f"blk.{i}."
+        self.attn_norm = RMSNorm(w.dense(p + "attn_norm.weight"), eps)
+        self.wq = w.linear(p + "attn_q.weight")
+        self.wk = w.linear(p + "attn_k.weight")
+        self.wv = w.linear(p + "attn_v.weight")
+        self.wo = w.linear(p + "attn_output.weight")
+        self.ffn_norm = RMSNorm(w.dense(p + "ffn_norm.weight"), eps)
+        self.gate = w.linear(p + "ffn_gate.weight")
+        self.up = w.linear(p + "ffn_up.weight")
+        self.down = w.linear(p + "ffn_down.weight")
+
+
+class LlamaModel(CausalLM):
+    def __init__(self, gguf: GGUFFile):
+        config = read_common_config(gguf)
+        super().__init__(config)
+        w = WeightSource(gguf)
+        self.register_buffer("token_embd", w.dense("token_embd.weight"), persistent=False)
+        self.blocks = nn.ModuleList(LlamaBlock(w, i, config.rms_eps) for i in range(config.n_layers))
+        self.output_norm = RMSNorm(w.dense("output_norm.weight"), config.rms_eps)
+        self.output = w.linear("output.weight") if w.has("output.weight") else None
+        freq_factors = w.dense("rope_freqs.weight") if w.has("rope_freqs.weight") else None
+        n_rot = int(gguf.arch_value("rope.dimension_count", config.head_dim_k))
+        base = float(gguf.arch_value("rope.freq_base", 10000.0))
+        self.rope = Rotary(n_rot, base, config.n_ctx_train, neox=False, freq_factors=freq_factors)
+        self.scale = config.head_dim_k**-0.5
+
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        cfg = self.config
+        h = self.embed(batch)
+        pos = batch.positions
+        for i, blk in enumerate(self.blocks):
+            x = blk.attn_norm(h)
+            q = self.rope(blk.wq(x).view(-1, cfg.n_heads, cfg.head_dim_k), pos)
+            k = self.rope(blk.wk(x).view(-1, cfg.n_kv_heads, cfg.head_dim_k), pos)
+            v = blk.wv(x).view(-1, cfg.n_kv_heads, cfg.head_dim_v)
+            h = h + blk.wo(paged_attention(q, k, v, i, kv, batch, self.scale))
+            x = blk.ffn_norm(h)
+            h = h + blk.down(F.silu(blk.gate(x)) * blk.up(x))
+        h = self.output_norm(h[batch.logit_rows])
+        return self.output(h) if self.output is not None else F.linear(h, self.token_embd)

@@ -1,0 +1,202 @@
+"""Model fidelity: our logits against llama.cpp's, and the loader on tiny generated files."""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+import pytest
+import torch
+from conftest import load_jsonl
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFWriter
+from gguf.quants import quantize
+from tiny_gguf import write_tiny_gemma3, write_tiny_llama
+
+from lamplight.engine.kv_cache import BlockTable, KVCache
+from lamplight.gguf.file import GGUFError, GGUFFile
+from lamplight.gguf.quant import dequantize
+from lamplight.models import load_model
+from lamplight.models.batch import SequenceChunk, build_forward_batch
+from lamplight.models.scoring import greedy, score
+
+MARGIN = 0.5
+
+
+def _agreement(model, rows):
+    """Top-1 agreement where llama.cpp's margin >= MARGIN, and the per-position max top-10 diff."""
+    checked, mismatches, diffs = 0, [], []
+    for r, row in enumerate(rows):
+        logits = score(model, row["tokens"])
+        for i, pos in enumerate(row["positions"]):
+            ref = torch.tensor(pos["logits"])
+            diffs.append((logits[i][pos["ids"]] - ref).abs().max().item())
+            if ref[0] - ref[1] >= MARGIN:
+                checked += 1
+                if int(logits[i].argmax()) != pos["ids"][0]:
+                    mismatches.append((r, i))
+    return checked, mismatches, diffs
+
+
+def _greedy_prefix(row) -> tuple[list[int], list[int]]:
+    """The prompt and llama.cpp's continuation up to its first low-margin position."""
+    n = row["n_prompt"]
+    continuation = row["tokens"][n:]
+    for j in range(len(continuation)):
+        top = row["positions"][n - 1 + j]["logits"]
+        if top[0] - top[1] < MARGIN:
+            return row["tokens"][:n], continuation[:j]
+    return row["tokens"][:n], continuation
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_logits_match_llama_cpp(name, request):
+    path = request.getfixturevalue(f"{name}_path")
+    rows = load_jsonl(f"{name}.logits.jsonl")
+    model = load_model(GGUFFile(path))
+    checked, mismatches, diffs = _agreement(model, rows)
+    median = statistics.median(diffs)
+    print(
+        f"\n{name}: top-1 agrees at {checked - len(mismatches)}/{checked} positions with margin >= {MARGIN}; "
+        f"max top-10 |diff| median {median:.3f}, p90 {sorted(diffs)[int(0.9 * len(diffs))]:.3f}, over {len(diffs)} positions"
+    )
+    assert not mismatches, f"top-1 differs at (sequence, position) {mismatches}"
+    assert median <= 0.5
+
+    greedy_tokens = 0
+    for row in rows:
+        prompt, expected = _greedy_prefix(row)
+        assert greedy(model, prompt, len(expected)) == expected
+        greedy_tokens += len(expected)
+    print(f"{name}: greedy reproduced {greedy_tokens} continuation tokens of llama.cpp over {len(rows)} prompts")
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def tiny_model(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny") / f"{request.param}.gguf"
+    (write_tiny_llama if request.param == "llama" else write_tiny_gemma3)(path)
+    return load_model(GGUFFile(path))
+
+
+def test_incremental_decode_equals_full_scoring(tiny_model):
+    ids = [(7 * i + 11) % 250 + 5 for i in range(40)]
+    full = score(tiny_model, ids)
+    cache = KVCache(tiny_model.config.kv_layout, num_blocks=8, block_size=8)
+    table = BlockTable(cache)
+    # The prompt in two chunks, then one token at a time.
+    steps = [(0, 13), (13, 25)] + [(i, i + 1) for i in range(25, 40)]
+    for start, end in steps:
+        table.reserve(end)
+        table.num_tokens = end
+        chunk = SequenceChunk(ids[start:end], start, table.slots(), all_logits=True)
+        out = tiny_model(build_forward_batch([chunk]), cache)
+        torch.testing.assert_close(out, full[start:end], atol=2e-4, rtol=1e-4)
+
+
+def test_batched_sequences_equal_each_alone(tiny_model):
+    seqs = [[(3 * i + k) % 240 + 6 for i in range(n)] for k, n in enumerate([5, 17, 1, 30])]
+    alone = [score(tiny_model, s)[-1] for s in seqs]
+    cache = KVCache(tiny_model.config.kv_layout, num_blocks=32, block_size=4)
+    chunks = []
+    for s in seqs:
+        table = BlockTable(cache)
+        # Prefill all but the last token alone, then put every last token (and one prompt) in one step.
+        if len(s) > 1:
+            table.reserve(len(s) - 1)
+            table.num_tokens = len(s) - 1
+            tiny_model(build_forward_batch([SequenceChunk(s[:-1], 0, table.slots())]), cache)
+        table.reserve(len(s))
+        table.num_tokens = len(s)
+        chunks.append(SequenceChunk(s[-1:], len(s) - 1, table.slots()))
+    together = tiny_model(build_forward_batch(chunks), cache)
+    for i, expected in enumerate(alone):
+        torch.testing.assert_close(together[i], expected, atol=2e-4, rtol=1e-4)
+
+
+def test_sliding_window_limits_local_layers(tmp_path):
+    """With every layer local (window 8), a token 8+ positions back cannot change the logits."""
+    path = write_tiny_gemma3(tmp_path / "g.gguf", n_layers=2, window=8)
+    model = load_model(GGUFFile(path))
+    for blk in model.blocks:
+        assert not blk.is_global
+    ids = list(range(10, 30))
+    changed_far = [99] + ids[1:]
+    changed_near = ids[:-3] + [99] + ids[-2:]
+    base = score(model, ids)[-1]
+    torch.testing.assert_close(score(model, changed_far)[-1], base)
+    assert not torch.allclose(score(model, changed_near)[-1], base)
+
+
+def test_greedy_is_deterministic(tiny_model):
+    prompt = [20, 30, 40]
+    assert greedy(tiny_model, prompt, 12) == greedy(tiny_model, prompt, 12)
+
+
+# gguf's writer cannot quantize K-quants; Q4_K and Q6_K are covered by the real Gemma model.
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0])
+def test_dequantize_each_type(qtype, tmp_path):
+    rng = np.random.default_rng(1)
+    data = rng.standard_normal((4, 512)).astype(np.float32)
+    w = GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    if qtype == Q.F32:
+        w.add_tensor("t", data)
+    elif qtype == Q.F16:
+        w.add_tensor("t", data.astype(np.float16))
+    else:
+        w.add_tensor("t", quantize(data, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    info = GGUFFile(tmp_path / "t.gguf").tensors["t"]
+    assert info.shape == (4, 512)
+    out = dequantize(info)
+    assert out.dtype == torch.float32 and out.shape == (4, 512)
+    bits = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q5_0: 5, Q.Q5_1: 5, Q.Q8_0: 8}.get(qtype, 10)
+    rel_err = (out - torch.from_numpy(data)).norm() / torch.from_numpy(data).norm()
+    assert rel_err < 2.0 ** (1 - bits), f"{qtype.name}: relative error {rel_err:.4f}"
+
+
+def test_errors_are_clear(tmp_path):
+    with pytest.raises(GGUFError, match="not found"):
+        GGUFFile(tmp_path / "missing.gguf")
+    (tmp_path / "junk.gguf").write_bytes(b"hello world, not a model" * 10)
+    with pytest.raises(GGUFError, match="not a GGUF file"):
+        GGUFFile(tmp_path / "junk.gguf")
+
+    good = write_tiny_llama(tmp_path / "tiny.gguf")
+    raw = good.read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(GGUFError, match="truncated|corrupt"):
+        GGUFFile(tmp_path / "cut.gguf")
+
+    w = GGUFWriter(str(tmp_path / "arch.gguf"), "mamba")
+    w.add_tensor("x", np.zeros(32, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(GGUFError, match="architecture 'mamba' is not supported"):
+        load_model(GGUFFile(tmp_path / "arch.gguf"))
+
+
+def test_missing_tensor_is_named(tmp_path):
+    path = write_tiny_llama(tmp_path / "tiny.gguf")
+    gguf = GGUFFile(path)
+    del gguf.tensors["blk.1.ffn_up.weight"]
+    with pytest.raises(GGUFError, match="blk.1.ffn_up.weight is missing"):
+        load_model(gguf)
+
+
+def test_unsupported_tensor_type_is_named(tmp_path):
+    w = GGUFWriter(str(tmp_path / "iq.gguf"), "llama")
+    data = np.zeros((1, 256), dtype=np.float32)
+    w.add_tensor("t", quantize(data, Q.TQ2_0), raw_dtype=Q.TQ2_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    info = GGUFFile(tmp_path / "iq.gguf").tensors["t"]
+    with pytest.raises(GGUFError, match="TQ2_0"):
+        dequantize(info)

@@ -1,0 +1,180 @@
+"""Tiny random-weight GGUF files for fast tests of both architectures.
+
+The vocabularies are real tokenizers in miniature: a byte-level GPT-2 BPE (all 256 byte
+symbols plus a few merges and ChatML specials) for `llama`, and a SentencePiece vocabulary
+with byte fallback for `gemma3`. Weights are seeded random numbers, quantized in the formats
+the real models use, so the whole loader path runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFWriter
+from gguf.quants import quantize
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def gpt2_byte_symbols() -> list[str]:
+    """GPT-2's reversible byte -> printable unicode character table, in byte order."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    table = {}
+    extra = 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return [table[b] for b in range(256)]
+
+
+def _bpe_vocab() -> tuple[list[str], list[int], list[str], dict[str, int]]:
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokens = list(specials)
+    types = [3, 3, 3]
+    tokens += gpt2_byte_symbols()
+    types += [1] * 256
+    merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s"]
+    for merge in merges:
+        tokens.append(merge.replace(" ", ""))
+        types.append(1)
+    ids = {"bos": 0, "eos": 2, "unk": 0, "pad": 0}
+    return tokens, types, merges, ids
+
+
+def _spm_vocab() -> tuple[list[str], list[float], list[int], dict[str, int]]:
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    types = [3, 3, 3, 2, 4, 4]
+    scores = [0.0] * len(tokens)
+    for b in range(256):
+        tokens.append(f"<0x{b:02X}>")
+        types.append(6)
+        scores.append(0.0)
+    pieces = ["▁", "▁the", "▁a", "e", "t", "a", "o", "n", "h", "▁t", "he", "in", "er", "s", "i", "r", "l", "d"]
+    for i, piece in enumerate(pieces):
+        tokens.append(piece)
+        types.append(1)
+        scores.append(-float(i))
+    ids = {"pad": 0, "eos": 1, "bos": 2, "unk": 3}
+    return tokens, scores, types, ids
+
+
+def _add_linear(w: GGUFWriter, rng: np.random.Generator, name: str, out_f: int, in_f: int, qtype: Q, scale: float) -> None:
+    data = (rng.standard_normal((out_f, in_f)) * scale).astype(np.float32)
+    if qtype == Q.F32:
+        w.add_tensor(name, data)
+    else:
+        w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
+
+
+def _add_norm(w: GGUFWriter, rng: np.random.Generator, name: str, n: int) -> None:
+    w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+
+def write_tiny_llama(path: str | Path, seed: int = 0, n_layers: int = 2, n_ctx: int = 256, qtype: Q = Q.Q8_0) -> Path:
+    rng = np.random.default_rng(seed)
+    tokens, types, merges, ids = _bpe_vocab()
+    n_vocab, n_embd, n_heads, n_kv, n_ff = len(tokens), 64, 4, 2, 128
+    head_dim = n_embd // n_heads
+    w = GGUFWriter(str(path), "llama")
+    w.add_name("tiny-llama")
+    w.add_block_count(n_layers)
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(head_dim)
+    w.add_vocab_size(n_vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(ids["bos"])
+    w.add_eos_token_id(ids["eos"])
+    w.add_unk_token_id(ids["unk"])
+    w.add_pad_token_id(ids["pad"])
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML_TEMPLATE)
+    _add_linear(w, rng, "token_embd.weight", n_vocab, n_embd, Q.Q8_0, 0.5)
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        _add_norm(w, rng, p + "attn_norm.weight", n_embd)
+        _add_linear(w, rng, p + "attn_q.weight", n_embd, n_embd, qtype, 0.2)
+        _add_linear(w, rng, p + "attn_k.weight", n_kv * head_dim, n_embd, qtype, 0.2)
+        _add_linear(w, rng, p + "attn_v.weight", n_kv * head_dim, n_embd, qtype, 0.2)
+        _add_linear(w, rng, p + "attn_output.weight", n_embd, n_embd, qtype, 0.2)
+        _add_norm(w, rng, p + "ffn_norm.weight", n_embd)
+        _add_linear(w, rng, p + "ffn_gate.weight", n_ff, n_embd, qtype, 0.2)
+        _add_linear(w, rng, p + "ffn_up.weight", n_ff, n_embd, qtype, 0.2)
+        _add_linear(w, rng, p + "ffn_down.weight", n_embd, n_ff, qtype, 0.2)
+    _add_norm(w, rng, "output_norm.weight", n_embd)
+    _finish(w)
+    return Path(path)
+
+
+def write_tiny_gemma3(path: str | Path, seed: int = 0, n_layers: int = 6, n_ctx: int = 256, window: int = 8) -> Path:
+    rng = np.random.default_rng(seed)
+    tokens, scores, types, ids = _spm_vocab()
+    n_vocab, n_embd, n_heads, n_kv, head_dim, n_ff = len(tokens), 64, 2, 1, 32, 128
+    w = GGUFWriter(str(path), "gemma3")
+    w.add_name("tiny-gemma3")
+    w.add_block_count(n_layers)
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(1_000_000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_sliding_window(window)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(ids["bos"])
+    w.add_eos_token_id(ids["eos"])
+    w.add_unk_token_id(ids["unk"])
+    w.add_pad_token_id(ids["pad"])
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(False)
+    _add_linear(w, rng, "token_embd.weight", n_vocab, n_embd, Q.Q8_0, 0.1)
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        _add_norm(w, rng, p + "attn_norm.weight", n_embd)
+        _add_linear(w, rng, p + "attn_q.weight", n_heads * head_dim, n_embd, Q.Q5_0, 0.2)
+        _add_linear(w, rng, p + "attn_k.weight", n_kv * head_dim, n_embd, Q.Q5_0, 0.2)
+        _add_linear(w, rng, p + "attn_v.weight", n_kv * head_dim, n_embd, Q.Q8_0, 0.2)
+        _add_norm(w, rng, p + "attn_q_norm.weight", head_dim)
+        _add_norm(w, rng, p + "attn_k_norm.weight", head_dim)
+        _add_linear(w, rng, p + "attn_output.weight", n_embd, n_heads * head_dim, Q.Q4_K if n_embd % 256 == 0 else Q.Q8_0, 0.2)
+        _add_norm(w, rng, p + "post_attention_norm.weight", n_embd)
+        _add_norm(w, rng, p + "ffn_norm.weight", n_embd)
+        _add_linear(w, rng, p + "ffn_gate.weight", n_ff, n_embd, Q.Q5_0, 0.2)
+        _add_linear(w, rng, p + "ffn_up.weight", n_ff, n_embd, Q.Q5_0, 0.2)
+        _add_linear(w, rng, p + "ffn_down.weight", n_embd, n_ff, Q.Q8_0, 0.2)
+        _add_norm(w, rng, p + "post_ffw_norm.weight", n_embd)
+    _add_norm(w, rng, "output_norm.weight", n_embd)
+    _finish(w)
+    return Path(path)
+
+
+def _finish(w: GGUFWriter) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
