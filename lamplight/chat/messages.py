@@ -1,0 +1,138 @@
+"""Validation and normalization of OpenAI-style chat messages before they reach a template.
+
+Decisions (mirroring llama-server's `common_chat_msgs_parse_oaicompat` where it matters):
+- roles: system, user, assistant, tool and developer; `developer` is rewritten to `system`
+  (llama.cpp's role workaround: templates do not know the newer OpenAI role).
+- non-assistant messages need `content` (a string or a list of parts); assistant messages need
+  `content` or `tool_calls`, and a null `content` is kept as None for the template.
+- text parts are joined with "\n" exactly as llama.cpp concatenates typed text; image/audio/video
+  parts raise MultimodalNotSupported.
+- only the keys llama.cpp forwards reach the template, in its order: role, content,
+  reasoning_content (+ its `thinking` alias for gpt-oss templates), name, tool_call_id, tool_calls.
+- tool_calls `function.arguments` given as a JSON string holding an object are parsed (templates
+  iterate them with `|items`); other strings are left untouched. A missing call `type` means
+  "function".
+
+normalize_messages is idempotent, so render() can apply it again safely.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from lamplight.chat.errors import ChatTemplateError, MultimodalNotSupported
+
+ROLES = ("system", "user", "assistant", "tool", "developer")
+MEDIA_PART_TYPES = ("image_url", "input_audio", "input_video", "image", "audio", "video")
+
+
+def normalize_messages(messages: list) -> list[dict]:
+    """Return template-ready copies of `messages`, or raise ChatTemplateError saying what is wrong."""
+    if not isinstance(messages, list) or not messages:
+        raise ChatTemplateError("'messages' must be a non-empty array of message objects")
+    return [_normalize_message(index, message) for index, message in enumerate(messages)]
+
+
+def _normalize_message(index: int, message: Any) -> dict:
+    where = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise ChatTemplateError(f"{where} must be an object")
+    role = _role(where, message)
+    content = _content(where, message.get("content"))
+    tool_calls = _tool_calls(where, message.get("tool_calls")) if role == "assistant" else []
+    if content is None and role != "assistant":
+        raise ChatTemplateError(f"{where} (role '{role}') must have 'content'")
+    if content is None and not tool_calls:
+        raise ChatTemplateError(f"{where} (role 'assistant') must have 'content' or 'tool_calls'")
+    return _template_message(message, role, content, tool_calls)
+
+
+def _role(where: str, message: dict) -> str:
+    role = message.get("role")
+    if role is None:
+        raise ChatTemplateError(f"{where} is missing 'role'")
+    if role not in ROLES:
+        raise ChatTemplateError(f"{where} has unknown role {role!r}; expected one of {', '.join(ROLES)}")
+    return "system" if role == "developer" else role
+
+
+def _content(where: str, content: Any) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return _join_text_parts(where, content)
+    raise ChatTemplateError(f"{where}.content must be a string, an array of content parts or null")
+
+
+def _join_text_parts(where: str, parts: list) -> str:
+    text = ""
+    for index, part in enumerate(parts):
+        piece = _text_of_part(f"{where}.content[{index}]", part)
+        # Same rule as llama.cpp: a separator only once some text has accumulated.
+        text = f"{text}\n{piece}" if text else piece
+    return text
+
+
+def _text_of_part(where: str, part: Any) -> str:
+    if not isinstance(part, dict) or "type" not in part:
+        raise ChatTemplateError(f"{where} must be an object with a 'type'")
+    kind = part["type"]
+    if kind in MEDIA_PART_TYPES:
+        raise MultimodalNotSupported(
+            f"this model has no multimodal projector: {kind} input is not supported ({where})"
+        )
+    if kind != "text":
+        raise ChatTemplateError(f"{where} has unsupported content part type {kind!r}")
+    if not isinstance(part.get("text"), str):
+        raise ChatTemplateError(f"{where} (type 'text') must have a string 'text'")
+    return part["text"]
+
+
+def _tool_calls(where: str, tool_calls: Any) -> list[dict]:
+    if tool_calls is None:
+        return []
+    if not isinstance(tool_calls, list):
+        raise ChatTemplateError(f"{where}.tool_calls must be an array")
+    return [_tool_call(f"{where}.tool_calls[{index}]", call) for index, call in enumerate(tool_calls)]
+
+
+def _tool_call(where: str, call: Any) -> dict:
+    if not isinstance(call, dict):
+        raise ChatTemplateError(f"{where} must be an object")
+    if call.get("type", "function") != "function":
+        raise ChatTemplateError(f"{where} has unsupported type {call.get('type')!r}")
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ChatTemplateError(f"{where} must have a 'function' object with a string 'name'")
+    normalized = {
+        "type": "function",
+        "function": {"name": function["name"], "arguments": _arguments(function.get("arguments"))},
+    }
+    if isinstance(call.get("id"), str):
+        normalized["id"] = call["id"]
+    return normalized
+
+
+def _arguments(arguments: Any) -> Any:
+    if not isinstance(arguments, str):
+        return {} if arguments is None else arguments
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return parsed if isinstance(parsed, dict) else arguments
+
+
+def _template_message(message: dict, role: str, content: str | None, tool_calls: list[dict]) -> dict:
+    normalized: dict[str, Any] = {"role": role, "content": content}
+    reasoning = message.get("reasoning_content")
+    if isinstance(reasoning, str) and reasoning:
+        normalized["reasoning_content"] = reasoning
+        normalized["thinking"] = reasoning
+    for key in ("name", "tool_call_id"):
+        if isinstance(message.get(key), str):
+            normalized[key] = message[key]
+    if tool_calls:
+        normalized["tool_calls"] = tool_calls
+    return normalized
