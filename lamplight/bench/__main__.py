@@ -1,0 +1,5 @@
+import sys
+
+from lamplight.bench.cli import main
+
+sys.exit(main())

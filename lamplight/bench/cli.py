@@ -1,0 +1,141 @@
+"""Command line: `python -m lamplight.bench` or, mounted as a subcommand, `lamplight bench`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+import time
+
+from lamplight.bench.client import BenchError
+from lamplight.bench.config import DEFAULT_CONFIG, QUICK_CONFIG, BenchConfig
+from lamplight.bench.progress import Progress
+from lamplight.bench.report import BenchReport, format_table, write_json
+from lamplight.bench.runner import BenchOptions, ServerSpec, run_benchmark
+from lamplight.bench.scenarios import SCENARIOS
+
+DESCRIPTION = (
+    "Benchmark OpenAI-compatible servers (lamplight, llama.cpp's llama-server, vLLM...) with "
+    "streamed requests: decode speed, time to first token, throughput under concurrency and "
+    "prefix-cache reuse. With --compare, both servers run the same prompts, interleaved."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the benchmark's options to `parser` (a standalone parser or a subcommand's)."""
+    parser.add_argument("--url", default="http://127.0.0.1:8080",
+                        help="server A (default: %(default)s)")
+    parser.add_argument("--compare", metavar="URL", help="server B, measured side by side with A")
+    parser.add_argument("--model", help="model name sent to A (default: first of its /v1/models)")
+    parser.add_argument("--compare-model", metavar="NAME", help="model name sent to B")
+    parser.add_argument("--api", choices=("completions", "chat"), default="completions",
+                        help="endpoint: /v1/completions or /v1/chat/completions")
+    parser.add_argument("--scenarios", nargs="+", metavar="NAME", type=_scenario_names,
+                        help=f"which to run, of {', '.join(SCENARIOS)} (default: all)")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes, for a first look or a slow CPU server")
+    parser.add_argument("--json", metavar="PATH", help="write all per-request figures here")
+    parser.add_argument("--seed", type=int,
+                        help="prompt seed (default: from the clock, so that a server's cache "
+                             "from an earlier run cannot flatter it)")
+    parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                        help="per-request read timeout (default: %(default)s)")
+    parser.add_argument("--concurrency", type=_int_list, metavar="N,N,...",
+                        help="requests in flight (default: "
+                             f"{_join(DEFAULT_CONFIG.concurrency_levels)})")
+    parser.add_argument("--ttft-lengths", type=_int_list, metavar="N,N,...",
+                        help=f"prompt lengths (default: {_join(DEFAULT_CONFIG.ttft_lengths)})")
+    parser.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+    parser.set_defaults(bench_main=run_with_args)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lamplight bench", description=DESCRIPTION)
+    add_arguments(parser)
+    return run_with_args(parser.parse_args(argv))
+
+
+def run_with_args(args: argparse.Namespace) -> int:
+    """Run the benchmark described by parsed arguments; returns the process exit code."""
+    progress = Progress(enabled=not args.no_progress)
+    try:
+        options = options_from_args(args)
+        progress.note(f"[bench] seed {options.seed}")
+        report = asyncio.run(run_benchmark(options, progress))
+    except BenchError as exc:
+        print(f"lamplight bench: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nlamplight bench: interrupted", file=sys.stderr)
+        return 130
+    return _publish(report, args.json)
+
+
+def options_from_args(args: argparse.Namespace) -> BenchOptions:
+    servers = [ServerSpec(args.url, args.model)]
+    if args.compare:
+        if args.compare.rstrip("/") == args.url.rstrip("/"):
+            raise BenchError("--compare must name a different server than --url")
+        servers.append(ServerSpec(args.compare, args.compare_model))
+    names = [name for group in (args.scenarios or [list(SCENARIOS)]) for name in group]
+    return BenchOptions(
+        servers=servers,
+        scenarios=list(dict.fromkeys(names)),
+        config=_config(args),
+        api=args.api,
+        seed=args.seed if args.seed is not None else int(time.time()),
+        timeout_s=args.timeout,
+    )
+
+
+def _config(args: argparse.Namespace) -> BenchConfig:
+    config = QUICK_CONFIG if args.quick else DEFAULT_CONFIG
+    overrides = {}
+    if args.concurrency:
+        overrides["concurrency_levels"] = args.concurrency
+    if args.ttft_lengths:
+        overrides["ttft_lengths"] = args.ttft_lengths
+    return dataclasses.replace(config, **overrides)
+
+
+def _publish(report: BenchReport, json_path: str | None) -> int:
+    print(format_table(report))
+    if json_path:
+        try:
+            write_json(report, json_path)
+        except OSError as exc:
+            print(f"lamplight bench: error: cannot write {json_path}: {exc}", file=sys.stderr)
+            return 1
+    for warning in report.warnings():
+        print(f"lamplight bench: warning: {warning}", file=sys.stderr)
+    errors = report.error_count()
+    if errors:
+        print(f"lamplight bench: error: {errors} requests failed (see warnings above)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _scenario_names(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = [name for name in names if name not in SCENARIOS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown scenario {', '.join(unknown)} (choose from {', '.join(SCENARIOS)})")
+    return names
+
+
+def _int_list(value: str) -> tuple[int, ...]:
+    try:
+        numbers = tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like 1,4,16, got {value!r}") from None
+    if not numbers or min(numbers) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {value!r}")
+    return numbers
+
+
+def _join(numbers: tuple[int, ...]) -> str:
+    return ",".join(str(n) for n in numbers)

@@ -1,0 +1,47 @@
+"""Sizes of the benchmark scenarios: moderate defaults, and a quick preset for slow CPU servers."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    # (1) single-stream decode speed
+    decode_prompt_tokens: int = 32
+    decode_max_tokens: int = 128
+    decode_repeats: int = 3
+    # (2) time to first token against prompt length
+    ttft_lengths: tuple[int, ...] = (16, 512, 2048)
+    ttft_repeats: int = 3
+    ttft_max_tokens: int = 2
+    # (3) aggregate throughput with N requests in flight
+    concurrency_levels: tuple[int, ...] = (1, 4, 16, 32)
+    # Each of the N streams sends this many requests back to back.
+    concurrency_rounds: int = 2
+    concurrency_prompt_tokens: int = 32
+    concurrency_max_tokens: int = 64
+    # (4) prefix cache: one long system prompt, different short user turns
+    prefix_system_tokens: int = 1024
+    prefix_user_tokens: int = 16
+    prefix_requests: int = 5
+    prefix_max_tokens: int = 2
+    # Warm-up request sent to each server before measuring (first requests are often slow).
+    warmup_max_tokens: int = 8
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+DEFAULT_CONFIG = BenchConfig()
+
+QUICK_CONFIG = BenchConfig(
+    decode_max_tokens=32,
+    decode_repeats=2,
+    ttft_repeats=1,
+    concurrency_rounds=1,
+    concurrency_max_tokens=8,
+    prefix_system_tokens=512,
+    prefix_requests=3,
+    warmup_max_tokens=4,
+)

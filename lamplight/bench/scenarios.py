@@ -1,0 +1,204 @@
+"""The four benchmark scenarios.
+
+Each scenario builds all its prompts first (tokenizer calls never overlap timed requests), then
+sends each step to every server in turn (A, B, A, B...) so that drift in the machine's load or
+temperature affects all servers alike. Figures are medians over requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Awaitable, Callable
+
+from lamplight.bench.context import BenchContext, Target
+from lamplight.bench.prompts import Prompt
+from lamplight.bench.report import MetricRow, ScenarioResult, median_or_none, scaled
+
+
+def summary_row(scenario: ScenarioResult, ctx: BenchContext, name: str, unit: str,
+                higher_is_better: bool, field: str, factor: float = 1.0,
+                select: Callable[[dict], bool] = lambda record: True) -> MetricRow:
+    """The median of one per-request field, per server, over the selected successful requests."""
+    values, samples = {}, {}
+    for target in ctx.targets:
+        figures = [r[field] for r in scenario.records_of(target.label)
+                   if select(r) and not r["error"] and r[field] is not None]
+        values[target.label] = scaled(median_or_none(figures), factor)
+        samples[target.label] = len(figures)
+    return MetricRow(scenario.name, name, unit, higher_is_better, values, samples)
+
+
+async def run_decode(ctx: BenchContext) -> ScenarioResult:
+    cfg = ctx.config
+    scenario = ScenarioResult("decode", {"prompt_tokens": cfg.decode_prompt_tokens,
+                                         "max_tokens": cfg.decode_max_tokens,
+                                         "repeats": cfg.decode_repeats})
+    prompts = [await ctx.prompts.prompt(cfg.decode_prompt_tokens, f"decode/{i}")
+               for i in range(cfg.decode_repeats)]
+    ctx.progress.start("decode", len(prompts) * len(ctx.targets))
+    for repeat, prompt in enumerate(prompts):
+        for target in ctx.targets:
+            await ctx.measure(scenario, target, prompt, cfg.decode_max_tokens, repeat=repeat)
+    ctx.progress.finish()
+    scenario.rows = [
+        summary_row(scenario, ctx, "decode speed, single stream", "tok/s", True, "decode_tps"),
+        summary_row(scenario, ctx, f"latency for {cfg.decode_max_tokens} tokens", "ms", False,
+                    "total_s", 1000),
+    ]
+    return scenario
+
+
+async def run_ttft(ctx: BenchContext) -> ScenarioResult:
+    cfg = ctx.config
+    scenario = ScenarioResult("ttft", {"prompt_lengths": list(cfg.ttft_lengths),
+                                       "repeats": cfg.ttft_repeats,
+                                       "max_tokens": cfg.ttft_max_tokens})
+    steps = [(length, repeat, await ctx.prompts.prompt(length, f"ttft/{length}/{repeat}"))
+             for length in cfg.ttft_lengths for repeat in range(cfg.ttft_repeats)]
+    plan = [(length, repeat, prompt, [t for t in ctx.targets
+                                      if ctx.fits(t, prompt, cfg.ttft_max_tokens)])
+            for length, repeat, prompt in steps]
+    _note_skipped_lengths(scenario, ctx, plan)
+    ctx.progress.start("ttft", sum(len(targets) for *_, targets in plan))
+    for length, repeat, prompt, targets in plan:
+        for target in targets:
+            await ctx.measure(scenario, target, prompt, cfg.ttft_max_tokens,
+                              prompt_length=length, repeat=repeat)
+    ctx.progress.finish()
+    scenario.rows = [
+        summary_row(scenario, ctx, f"TTFT, {length}-token prompt", "ms", False, "ttft_s", 1000,
+                    select=lambda r, length=length: r["prompt_length"] == length)
+        for length in cfg.ttft_lengths
+    ]
+    return scenario
+
+
+def _note_skipped_lengths(scenario: ScenarioResult, ctx: BenchContext, plan: list) -> None:
+    skipped = {(target.label, length)
+               for length, _, _, targets in plan for target in ctx.targets if target not in targets}
+    for label, length in sorted(skipped):
+        n_ctx = next(t.info.n_ctx for t in ctx.targets if t.label == label)
+        scenario.notes.append(f"{length}-token prompt skipped on server {label}: "
+                              f"it does not fit its context of {n_ctx} tokens")
+
+
+async def run_concurrency(ctx: BenchContext) -> ScenarioResult:
+    cfg = ctx.config
+    scenario = ScenarioResult("concurrency", {"levels": list(cfg.concurrency_levels),
+                                              "rounds": cfg.concurrency_rounds,
+                                              "prompt_tokens": cfg.concurrency_prompt_tokens,
+                                              "max_tokens": cfg.concurrency_max_tokens})
+    plans = {level: await _stream_prompts(ctx, level) for level in cfg.concurrency_levels}
+    requests = sum(level * cfg.concurrency_rounds for level in cfg.concurrency_levels)
+    ctx.progress.start("concurrency", requests * len(ctx.targets))
+    for level, stream_prompts in plans.items():
+        for target in ctx.targets:
+            scenario.batches.append(await _run_batch(ctx, scenario, target, level, stream_prompts))
+    ctx.progress.finish()
+    for level in cfg.concurrency_levels:
+        scenario.rows.append(_aggregate_row(scenario, ctx, level))
+        scenario.rows.append(summary_row(
+            scenario, ctx, f"TTFT, {level} in flight", "ms", False, "ttft_s", 1000,
+            select=lambda r, level=level: r["concurrency"] == level))
+    return scenario
+
+
+async def _stream_prompts(ctx: BenchContext, level: int) -> list[list[Prompt]]:
+    """For each of the `level` streams, the prompts it sends one after the other."""
+    cfg = ctx.config
+    return [[await ctx.prompts.prompt(cfg.concurrency_prompt_tokens,
+                                      f"concurrency/{level}/{stream}/{round_}")
+             for round_ in range(cfg.concurrency_rounds)]
+            for stream in range(level)]
+
+
+async def _run_batch(ctx: BenchContext, scenario: ScenarioResult, target: Target, level: int,
+                     stream_prompts: list[list[Prompt]]) -> dict:
+    """Keep `level` requests in flight on one server; aggregate throughput over the wall time."""
+    max_tokens = ctx.config.concurrency_max_tokens
+
+    async def stream(index: int, prompts: list[Prompt]) -> None:
+        for round_, prompt in enumerate(prompts):
+            await ctx.measure(scenario, target, prompt, max_tokens,
+                              concurrency=level, stream=index, round=round_)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(stream(i, prompts) for i, prompts in enumerate(stream_prompts)))
+    wall_s = time.perf_counter() - started
+    records = scenario.records_of(target.label, concurrency=level)
+    tokens = sum(r["output_tokens"] for r in records if not r["error"])
+    return {
+        "server": target.label,
+        "concurrency": level,
+        "requests": len(records),
+        "errors": sum(1 for r in records if r["error"]),
+        "output_tokens": tokens,
+        "wall_s": wall_s,
+        "aggregate_tps": tokens / wall_s if wall_s > 0 else None,
+    }
+
+
+def _aggregate_row(scenario: ScenarioResult, ctx: BenchContext, level: int) -> MetricRow:
+    values, samples = {}, {}
+    for target in ctx.targets:
+        batch = next(b for b in scenario.batches
+                     if b["server"] == target.label and b["concurrency"] == level)
+        usable = batch["requests"] > batch["errors"]
+        values[target.label] = batch["aggregate_tps"] if usable else None
+        samples[target.label] = batch["requests"] - batch["errors"]
+    return MetricRow(scenario.name, f"output speed, {level} in flight", "tok/s", True,
+                     values, samples)
+
+
+async def run_prefix_cache(ctx: BenchContext) -> ScenarioResult:
+    cfg = ctx.config
+    system_tokens = _fitting_system_tokens(ctx)
+    scenario = ScenarioResult("prefix", {"system_tokens": system_tokens,
+                                         "user_tokens": cfg.prefix_user_tokens,
+                                         "requests": cfg.prefix_requests,
+                                         "max_tokens": cfg.prefix_max_tokens})
+    if system_tokens < cfg.prefix_system_tokens:
+        scenario.notes.append(f"system prompt shortened to {system_tokens} tokens "
+                              f"to fit the servers' context")
+    system = await ctx.prompts.prompt(system_tokens, "prefix/system")
+    prompts = [await ctx.prompts.prompt(cfg.prefix_user_tokens, f"prefix/user/{turn}", system)
+               for turn in range(cfg.prefix_requests)]
+    ctx.progress.start("prefix", len(prompts) * len(ctx.targets))
+    for turn, prompt in enumerate(prompts):
+        for target in ctx.targets:
+            await ctx.measure(scenario, target, prompt, cfg.prefix_max_tokens, turn=turn)
+    ctx.progress.finish()
+    first = summary_row(scenario, ctx, "TTFT, first request (cold)", "ms", False, "ttft_s", 1000,
+                        select=lambda r: r["turn"] == 0)
+    later = summary_row(scenario, ctx, "TTFT, later requests (shared prefix)", "ms", False,
+                        "ttft_s", 1000, select=lambda r: r["turn"] > 0)
+    scenario.rows = [first, later, _speedup_row(first, later)]
+    return scenario
+
+
+def _fitting_system_tokens(ctx: BenchContext) -> int:
+    cfg = ctx.config
+    largest = ctx.largest_prompt(cfg.prefix_max_tokens)
+    wanted = cfg.prefix_system_tokens
+    if largest is None or wanted + cfg.prefix_user_tokens <= largest:
+        return wanted
+    return max(1, largest - cfg.prefix_user_tokens)
+
+
+def _speedup_row(first: MetricRow, later: MetricRow) -> MetricRow:
+    values = {label: (first.values[label] / later.values[label]
+                      if first.values[label] and later.values[label] else None)
+              for label in first.values}
+    return MetricRow(first.scenario, "prefix cache speedup (first / later TTFT)", "x", True,
+                     values, dict(later.samples))
+
+
+Scenario = Callable[[BenchContext], Awaitable[ScenarioResult]]
+
+SCENARIOS: dict[str, Scenario] = {
+    "decode": run_decode,
+    "ttft": run_ttft,
+    "concurrency": run_concurrency,
+    "prefix": run_prefix_cache,
+}
