@@ -1,0 +1,164 @@
+"""One choice of one request while it runs in a slot: its tokens, text, stop checks and timings."""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import TYPE_CHECKING
+
+from .kv_cache import BlockTable
+from .stopping import StopMatcher
+from ..sampling import TokenProbs
+from .types import FinalEvent, GenerationRequest, Timings, TokenEvent
+
+if TYPE_CHECKING:
+    from ..sampling import SequenceSampler
+    from ..tokenizer import Tokenizer
+
+
+class SeqState(enum.Enum):
+    WAITING_PARENT = "waiting_parent"  # an extra choice waiting for the shared prompt's KV
+    PREFILL = "prefill"
+    DECODE = "decode"
+    DONE = "done"
+
+
+class Sequence:
+    def __init__(
+        self,
+        request: GenerationRequest,
+        choice: int,
+        slot_id: int,
+        table: BlockTable,
+        sampler: "SequenceSampler",
+        tokenizer: "Tokenizer",
+        n_ctx_slot: int,
+    ):
+        self.request = request
+        self.choice = choice
+        self.slot_id = slot_id
+        self.table = table
+        self.sampler = sampler
+        self.tokenizer = tokenizer
+        self.n_ctx_slot = n_ctx_slot
+        self.tokens: list[int] = list(request.prompt_tokens)
+        self.n_prompt = len(self.tokens)
+        self.n_cached = 0
+        self.state = SeqState.PREFILL
+        self.generated: list[int] = []
+        self.probs: list[TokenProbs] = []
+        self.decoder = tokenizer.new_decoder()
+        self.stops = StopMatcher(request.stop)
+        self.text = ""
+        self.sent = 0  # characters of `text` already handed out in events
+        self.stop_type = "none"
+        self.stopping_word = ""
+        self.truncated = False
+        self.t_prompt_start = time.perf_counter()
+        self.t_prompt_end: float | None = None
+        self.t_last: float | None = None
+        self.handle = None  # the RequestHandle this choice reports to (set by the engine)
+        self.reported = False  # its FinalEvent was sent
+
+    # -- KV bookkeeping ------------------------------------------------------------------------
+
+    @property
+    def n_computed(self) -> int:
+        return self.table.num_tokens
+
+    def pending_prompt(self) -> int:
+        return self.n_prompt - self.n_computed
+
+    # -- token processing ----------------------------------------------------------------------
+
+    def on_token(self, token_id: int, prob: TokenProbs | None) -> TokenEvent:
+        """Record a sampled token, decide whether generation ends, and say what text is safe to show."""
+        now = time.perf_counter()
+        if self.t_prompt_end is None:
+            self.t_prompt_end = now
+        self.t_last = now
+        self.generated.append(token_id)
+        self.tokens.append(token_id)
+        self.sampler.accept(token_id, is_generated=True)
+        if prob is not None:
+            self.probs.append(prob)
+
+        if token_id in self.tokenizer.eog_ids and not self.request.sampling.ignore_eos:
+            self.stop_type = "eos"
+        else:
+            self.text += self.decoder.feed(token_id)
+            self._check_stop_string()
+        if self.state != SeqState.DONE and self.stop_type == "none":
+            self._check_limits()
+        if self.stop_type != "none":
+            return self._finish_token_event(token_id, prob)
+        hold = self.stops.held_back(self.text)
+        return self._emit(token_id, prob, len(self.text) - hold)
+
+    def _check_stop_string(self) -> None:
+        match = self.stops.find(self.text, self.sent)
+        if match is not None:
+            at, word = match
+            self.text = self.text[:at]
+            self.stop_type = "word"
+            self.stopping_word = word
+
+    def _check_limits(self) -> None:
+        req = self.request
+        if 0 <= req.n_predict <= len(self.generated):
+            self.stop_type = "limit"
+        elif len(self.tokens) >= self.n_ctx_slot:
+            self.stop_type = "limit"
+            self.truncated = True
+
+    def _finish_token_event(self, token_id: int, prob: TokenProbs | None) -> TokenEvent:
+        if self.stop_type != "word":
+            self.text += self.decoder.flush()
+        self.state = SeqState.DONE
+        return self._emit(token_id, prob, len(self.text))
+
+    def _emit(self, token_id: int, prob: TokenProbs | None, upto: int) -> TokenEvent:
+        upto = max(upto, self.sent)
+        piece = self.text[self.sent : upto]
+        self.sent = upto
+        return TokenEvent(self.choice, token_id, piece, len(self.generated), prob)
+
+    def finish_without_token(self, stop_type: str, truncated: bool = False) -> None:
+        """End before any (further) token: n_predict 0, or the context is full before a decode."""
+        self.stop_type = stop_type
+        self.truncated = self.truncated or truncated
+        self.state = SeqState.DONE
+
+    # -- results -------------------------------------------------------------------------------
+
+    def final_event(self) -> FinalEvent:
+        end_prompt = self.t_prompt_end or time.perf_counter()
+        end = self.t_last or end_prompt
+        timings = Timings(
+            cache_n=self.n_cached,
+            prompt_n=self.n_prompt - self.n_cached,
+            prompt_ms=(end_prompt - self.t_prompt_start) * 1e3,
+            predicted_n=len(self.generated),
+            predicted_ms=(end - end_prompt) * 1e3,
+        )
+        probs = tuple(self.probs)
+        if self.stop_type == "word" and probs:
+            # llama.cpp drops the probs of the tokens that spelled the stop word.
+            n_stop = len(self.tokenizer.encode(self.stopping_word, add_special=False, parse_special=False))
+            probs = probs[: max(0, len(probs) - n_stop)]
+        return FinalEvent(
+            choice=self.choice,
+            content=self.text,
+            token_ids=tuple(self.generated),
+            stop_type=self.stop_type,
+            stopping_word=self.stopping_word,
+            truncated=self.truncated,
+            n_prompt=self.n_prompt,
+            n_cached=self.n_cached,
+            n_decoded=len(self.generated),
+            tokens_cached=self.n_computed,
+            id_slot=self.slot_id,
+            timings=timings,
+            has_new_line="\n" in self.text,
+            probs=probs,
+        )

@@ -1,0 +1,131 @@
+"""What goes into the engine (a request) and what comes out (a stream of events)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ..sampling import SamplingParams, TokenProbs
+
+
+class EngineError(RuntimeError):
+    """Base of the errors the engine reports to callers."""
+
+
+class QueueFullError(EngineError):
+    """The waiting queue is at --queue-size: the server answers 503."""
+
+
+class ContextExceededError(EngineError):
+    """The prompt does not fit the slot's context: the server answers 400 exceed_context_size_error."""
+
+    def __init__(self, n_prompt_tokens: int, n_ctx: int):
+        super().__init__(
+            f"request ({n_prompt_tokens} tokens) exceeds the available context size ({n_ctx} tokens), try increasing it"
+        )
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
+
+
+class InvalidRequestError(EngineError):
+    """A request the engine cannot run as asked (e.g. `id_slot` out of range): 400."""
+
+
+@dataclass
+class GenerationRequest:
+    prompt_tokens: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    n_predict: int = -1  # -1: until EOS or the context is full; 0: evaluate the prompt only
+    stop: Sequence[str] = ()
+    cache_prompt: bool = True
+    id_slot: int = -1
+    n_choices: int = 1
+    return_progress: bool = False
+    n_indent: int = 0
+    t_max_predict_ms: float = -1.0
+    # Opaque per-request data a caller may attach (e.g. the HTTP task id).
+    tag: Any = None
+
+
+@dataclass(frozen=True)
+class PromptProgress:
+    choice: int
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token. `text` is what became safe to show with it (may be empty while held back)."""
+
+    choice: int
+    token_id: int
+    text: str
+    n_decoded: int
+    prob: TokenProbs | None = None  # when n_probs > 0 (lamplight.sampling.TokenProbs)
+
+
+@dataclass(frozen=True)
+class Timings:
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+
+    def to_json(self) -> dict:
+        def per_token(ms: float, n: int) -> float:
+            return ms / n if n > 0 else 0.0
+
+        def per_second(ms: float, n: int) -> float:
+            return 1e3 * n / ms if ms > 0 and n > 0 else 0.0
+
+        return {
+            "cache_n": self.cache_n,
+            "prompt_n": self.prompt_n,
+            "prompt_ms": self.prompt_ms,
+            "prompt_per_token_ms": per_token(self.prompt_ms, self.prompt_n),
+            "prompt_per_second": per_second(self.prompt_ms, self.prompt_n),
+            "predicted_n": self.predicted_n,
+            "predicted_ms": self.predicted_ms,
+            "predicted_per_token_ms": per_token(self.predicted_ms, self.predicted_n),
+            "predicted_per_second": per_second(self.predicted_ms, self.predicted_n),
+        }
+
+
+@dataclass(frozen=True)
+class FinalEvent:
+    """The end of one choice."""
+
+    choice: int
+    content: str  # the whole generated text (stop word removed)
+    token_ids: tuple[int, ...]  # every generated token id
+    stop_type: str  # none | eos | limit | word
+    stopping_word: str
+    truncated: bool
+    n_prompt: int
+    n_cached: int  # prompt tokens reused from the cache
+    n_decoded: int
+    tokens_cached: int  # tokens in the slot's KV at the end
+    id_slot: int
+    timings: Timings
+    has_new_line: bool
+    # The probs of every kept token (for non-stream responses), when n_probs > 0.
+    probs: tuple[TokenProbs, ...] = ()
+
+    @property
+    def finish_reason(self) -> str:
+        return "length" if self.stop_type in ("limit", "none") else "stop"
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    choice: int
+    message: str
+    code: int = 500
+    type: str = "server_error"
+
+
+Event = PromptProgress | TokenEvent | FinalEvent | ErrorEvent

@@ -1,0 +1,206 @@
+"""The engine on a tiny model: batching, prefix reuse, stopping, cancellation, slots, queue."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from tiny_gguf import write_tiny_gemma3, write_tiny_llama
+
+from lamplight.engine.config import EngineConfig
+from lamplight.engine.engine import Engine
+from lamplight.engine.types import (
+    ContextExceededError,
+    FinalEvent,
+    GenerationRequest,
+    InvalidRequestError,
+    PromptProgress,
+    QueueFullError,
+    TokenEvent,
+)
+from lamplight.gguf.file import GGUFFile
+from lamplight.models import load_model
+from lamplight.models.scoring import greedy
+from lamplight.sampling import SamplingParams
+from lamplight.tokenizer import Tokenizer
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def tiny(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny") / f"{request.param}.gguf"
+    (write_tiny_llama if request.param == "llama" else write_tiny_gemma3)(path, n_ctx=512)
+    gguf = GGUFFile(path)
+    return load_model(gguf), Tokenizer.from_gguf(gguf)
+
+
+def make_engine(tiny, **cfg) -> Engine:
+    model, tokenizer = tiny
+    engine = Engine(model, tokenizer, EngineConfig(**{"n_ctx": 2048, "n_parallel": 4, **cfg}))
+    engine.start()
+    return engine
+
+
+@pytest.fixture
+def engine(tiny):
+    eng = make_engine(tiny)
+    yield eng
+    eng.stop()
+
+
+def run(engine: Engine, request: GenerationRequest) -> tuple[list, list[FinalEvent]]:
+    events = list(engine.submit(request).iter_events(timeout=60))
+    return events, [e for e in events if isinstance(e, FinalEvent)]
+
+
+def prompt_ids(tiny, text: str) -> list[int]:
+    return tiny[1].encode(text, add_special=True, parse_special=True)
+
+
+PROMPTS = ["the cat sat on", "in the beginning", "hello there", "a b c d e f", "then the", "tea", "ask the", "not in"]
+
+
+def test_greedy_equals_reference_decoding(tiny, engine):
+    model, _ = tiny
+    ids = prompt_ids(tiny, "the theater")
+    _, (final,) = run(engine, GenerationRequest(ids, GREEDY, n_predict=12, stop=()))
+    expected = greedy(model, ids, 12)
+    # EOS may end it early; every produced token must match the reference.
+    assert list(final.token_ids) == expected[: len(final.token_ids)]
+    assert final.stop_type in ("limit", "eos")
+
+
+def test_eight_concurrent_equal_one_by_one(tiny, engine):
+    requests = [GenerationRequest(prompt_ids(tiny, p), GREEDY, n_predict=10, cache_prompt=False) for p in PROMPTS]
+    alone = [run(engine, r)[1][0].token_ids for r in requests]
+    handles = [engine.submit(r) for r in requests]
+    together = [[e for e in h.iter_events(timeout=60) if isinstance(e, FinalEvent)][0].token_ids for h in handles]
+    assert together == alone
+
+
+def test_stream_text_equals_final_content(tiny, engine):
+    events, (final,) = run(engine, GenerationRequest(prompt_ids(tiny, "the"), GREEDY, n_predict=20))
+    streamed = "".join(e.text for e in events if isinstance(e, TokenEvent))
+    assert streamed == final.content
+    assert final.n_decoded == len(final.token_ids) == len([e for e in events if isinstance(e, TokenEvent)])
+
+
+def test_stop_string_never_leaks(tiny, engine):
+    ids = prompt_ids(tiny, "the cat")
+    _, (free,) = run(engine, GenerationRequest(ids, GREEDY, n_predict=24))
+    text = free.content
+    assert len(text) > 4
+    stop = text[2:4]  # a stop string that occurs in the greedy output
+    events, (final,) = run(engine, GenerationRequest(ids, GREEDY, n_predict=24, stop=[stop, "never-occurs"]))
+    streamed = "".join(e.text for e in events if isinstance(e, TokenEvent))
+    assert final.stop_type == "word" and final.stopping_word == stop
+    assert final.content == text[: text.index(stop)]
+    assert streamed == final.content
+    assert stop not in streamed
+
+
+def test_prefix_cache_reuse(tiny, engine):
+    ids = prompt_ids(tiny, "the same long prompt " * 4)
+    _, (first,) = run(engine, GenerationRequest(ids, GREEDY, n_predict=4))
+    _, (second,) = run(engine, GenerationRequest(ids, GREEDY, n_predict=4))
+    assert first.n_cached == 0
+    assert second.n_cached == len(ids) - 1  # at least one prompt token is evaluated
+    assert second.timings.prompt_n == 1 and second.timings.cache_n + second.timings.prompt_n == len(ids)
+    assert second.token_ids == first.token_ids
+    _, (uncached,) = run(engine, GenerationRequest(ids, GREEDY, n_predict=4, cache_prompt=False))
+    assert uncached.n_cached == 0 and uncached.token_ids == first.token_ids
+
+
+def test_prompt_only_and_limits(tiny, engine):
+    ids = prompt_ids(tiny, "the end")
+    events, (final,) = run(engine, GenerationRequest(ids, GREEDY, n_predict=0))
+    assert final.content == "" and final.n_decoded == 0 and final.stop_type == "limit"
+    assert not [e for e in events if isinstance(e, TokenEvent)]
+    _, (final,) = run(engine, GenerationRequest(ids, SamplingParams(temperature=0, ignore_eos=True), n_predict=5))
+    assert final.n_decoded == 5 and final.stop_type == "limit" and not final.truncated
+
+
+def test_full_context_truncates(tiny):
+    eng = make_engine(tiny, n_ctx=128, n_parallel=2)  # 64 tokens per slot
+    try:
+        ids = prompt_ids(tiny, "the " * 20)
+        _, (final,) = run(eng, GenerationRequest(ids, SamplingParams(temperature=0, ignore_eos=True), n_predict=-1))
+        assert final.truncated and final.stop_type == "limit"
+        assert len(ids) + final.n_decoded == eng.n_ctx_slot
+        with pytest.raises(ContextExceededError) as err:
+            eng.submit(GenerationRequest(list(range(5, 69)), GREEDY))
+        assert err.value.n_prompt_tokens == 64 and err.value.n_ctx == 64
+    finally:
+        eng.stop()
+
+
+def test_several_choices_share_the_prompt(tiny, engine):
+    ids = prompt_ids(tiny, "the cat")
+    request = GenerationRequest(ids, SamplingParams(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=7, ignore_eos=True), n_predict=8, n_choices=3)
+    _, finals = run(engine, request)
+    assert sorted(f.choice for f in finals) == [0, 1, 2]
+    assert len({f.token_ids for f in finals}) > 1  # each choice draws its own stream
+    _, again = run(engine, request)
+    assert {f.choice: f.token_ids for f in again} == {f.choice: f.token_ids for f in finals}
+
+
+def test_seeded_sampling_is_independent_of_batch(tiny, engine):
+    params = SamplingParams(temperature=1.0, seed=1234)
+    request = GenerationRequest(prompt_ids(tiny, "the cat"), params, n_predict=12)
+    _, (alone,) = run(engine, request)
+    others = [engine.submit(GenerationRequest(prompt_ids(tiny, p), SamplingParams(temperature=1.0, seed=i), n_predict=12)) for i, p in enumerate(PROMPTS[:3])]
+    _, (busy,) = run(engine, request)
+    for h in others:
+        list(h.iter_events(timeout=60))
+    assert busy.token_ids == alone.token_ids
+
+
+def test_cancel_frees_the_slot(tiny):
+    eng = make_engine(tiny, n_parallel=1, n_ctx=512)
+    try:
+        handle = eng.submit(GenerationRequest(prompt_ids(tiny, "the"), SamplingParams(temperature=0, ignore_eos=True), n_predict=-1))
+        events = handle.iter_events(timeout=60)
+        next(e for e in events if isinstance(e, TokenEvent))
+        assert not eng.slots[0].is_idle
+        handle.cancel()
+        deadline = time.time() + 10
+        while not eng.slots[0].is_idle and time.time() < deadline:
+            time.sleep(0.01)
+        assert eng.slots[0].is_idle
+        _, (final,) = run(eng, GenerationRequest(prompt_ids(tiny, "next"), GREEDY, n_predict=3))
+        assert final.n_decoded >= 1
+    finally:
+        eng.stop()
+
+
+def test_queue_full_and_forced_slot(tiny):
+    eng = make_engine(tiny, n_parallel=1, n_ctx=512, queue_size=1)
+    try:
+        long = GenerationRequest(prompt_ids(tiny, "the"), SamplingParams(temperature=0, ignore_eos=True), n_predict=200)
+        running = eng.submit(long)
+        next(e for e in running.iter_events(timeout=60) if isinstance(e, TokenEvent))
+        queued = eng.submit(GenerationRequest(prompt_ids(tiny, "a"), GREEDY, n_predict=2, id_slot=0))
+        with pytest.raises(QueueFullError):
+            eng.submit(GenerationRequest(prompt_ids(tiny, "b"), GREEDY, n_predict=2))
+        running.cancel()
+        _, (final,) = [], [e for e in queued.iter_events(timeout=60) if isinstance(e, FinalEvent)]
+        assert final.id_slot == 0
+        with pytest.raises(InvalidRequestError):
+            eng.submit(GenerationRequest(prompt_ids(tiny, "a"), GREEDY, id_slot=3))
+    finally:
+        eng.stop()
+
+
+def test_long_prompt_is_chunked_and_reports_progress(tiny):
+    eng = make_engine(tiny, n_ubatch=16)
+    try:
+        ids = prompt_ids(tiny, "the cat sat on the mat " * 6)
+        events, (final,) = run(eng, GenerationRequest(ids, GREEDY, n_predict=2, return_progress=True))
+        progress = [e for e in events if isinstance(e, PromptProgress)]
+        assert progress[0].processed == 0 and progress[-1].processed == len(ids)
+        assert [p.processed for p in progress] == sorted(p.processed for p in progress)
+        assert len(progress) >= len(ids) // 16
+        assert final.n_prompt == len(ids)
+    finally:
+        eng.stop()
