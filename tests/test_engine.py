@@ -204,3 +204,49 @@ def test_long_prompt_is_chunked_and_reports_progress(tiny):
         assert final.n_prompt == len(ids)
     finally:
         eng.stop()
+
+
+@pytest.mark.parametrize("writer", [write_tiny_llama, write_tiny_gemma3])
+def test_shifted_kv_equals_recomputation(writer, tmp_path):
+    """Moving cached keys by RoPE re-rotation gives the same next logits as recomputing.
+
+    With one layer K/V depend only on token and position, so the shift must be exact; with more
+    layers kept entries still carry the dropped context (as in llama.cpp), so equality would not hold.
+    """
+    from lamplight.engine.kv_cache import BlockTable, KVCache
+    from lamplight.models.batch import SequenceChunk, build_forward_batch
+    from lamplight.models.scoring import score
+
+    model = load_model(GGUFFile(writer(tmp_path / "one_layer.gguf", n_layers=1, n_ctx=128)))
+    ids = [(5 * i + 3) % 200 + 10 for i in range(40)]
+    cache = KVCache(model.config.kv_layout, num_blocks=8, block_size=8)
+    table = BlockTable(cache)
+    table.reserve(39)
+    table.num_tokens = 39
+    model(build_forward_batch([SequenceChunk(ids[:39], 0, table.slots())]), cache)
+    keep, discard = 4, 17
+    import torch
+
+    src = torch.tensor(table.slots(keep + discard, 39))
+    dst = torch.tensor(table.slots(keep, 39 - discard))
+    model.shift_kv(cache, src, dst, -discard)
+    table.truncate(39 - discard)
+    compact = ids[:keep] + ids[keep + discard :]
+    table.reserve(len(compact))
+    table.num_tokens = len(compact)
+    out = model(build_forward_batch([SequenceChunk(compact[-1:], len(compact) - 1, table.slots())]), cache)
+    torch.testing.assert_close(out[0], score(model, compact)[-1], atol=2e-4, rtol=1e-4)
+
+
+def test_context_shift_keeps_generating(tiny):
+    eng = make_engine(tiny, n_ctx=128, n_parallel=2, context_shift=True)  # 64 tokens per slot
+    try:
+        ids = prompt_ids(tiny, "the cat")
+        params = SamplingParams(temperature=0, ignore_eos=True)
+        events, (final,) = run(eng, GenerationRequest(ids, params, n_predict=150, n_keep=-1))
+        assert final.n_decoded == 150 and final.truncated and final.stop_type == "limit"
+        streamed = "".join(e.text for e in events if isinstance(e, TokenEvent))
+        assert streamed == final.content
+        assert final.tokens_cached < eng.n_ctx_slot
+    finally:
+        eng.stop()

@@ -281,7 +281,9 @@ class Engine:
                 choice_index=choice,
                 eog_ids=frozenset(self.tokenizer.eog_ids),
             )
-            seq = Sequence(request, choice, slot.id, slot.table, sampler, self.tokenizer, self.n_ctx_slot)
+            seq = Sequence(
+                request, choice, slot.id, slot.table, sampler, self.tokenizer, self.n_ctx_slot, self.config.context_shift
+            )
             seq.handle = handle
             slot.seq = seq
             slot.id_task = handle.task_id
@@ -341,6 +343,8 @@ class Engine:
         running = [seq for handle in self.active for seq in handle.sequences]
         for seq in running:
             if seq.state == SeqState.DECODE:
+                if seq.needs_context_shift():
+                    self._shift_context(seq)
                 plan.append((seq, self._decode_chunk(seq)))
                 budget -= 1
         for seq in running:
@@ -357,6 +361,21 @@ class Engine:
             plan.append((seq, chunk))
             budget -= take
         return plan
+
+    def _shift_context(self, seq: Sequence) -> None:
+        """Keep the first n_keep tokens, drop half of the rest, and slide the remainder down."""
+        n_tokens = seq.n_computed
+        n_keep = seq.n_prompt if seq.request.n_keep < 0 else seq.request.n_keep
+        n_keep = min(n_keep + (1 if self.tokenizer.add_bos else 0), self.n_ctx_slot - 4)
+        n_discard = (n_tokens - n_keep) // 2
+        table = seq.table
+        table.make_private_from(n_keep // table.cache.block_size)
+        device = self.config.device
+        src = torch.tensor(table.slots(n_keep + n_discard, n_tokens), dtype=torch.long, device=device)
+        dst = torch.tensor(table.slots(n_keep, n_tokens - n_discard), dtype=torch.long, device=device)
+        self.model.shift_kv(self.cache, src, dst, -n_discard)
+        table.truncate(n_tokens - n_discard)
+        seq.apply_context_shift(n_keep, n_discard)
 
     def _decode_chunk(self, seq: Sequence) -> SequenceChunk:
         pos = seq.n_computed

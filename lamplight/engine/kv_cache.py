@@ -134,15 +134,20 @@ class BlockTable:
 
     def make_last_block_private(self) -> None:
         """Before writing into a shared partially filled block, give this table its own copy."""
-        if not self.blocks:
-            return
-        last = self.blocks[-1]
-        if self.cache.allocator.ref_counts[last] <= 1:
-            return
-        fresh = self.cache.allocator.allocate()
+        if self.blocks:
+            self.make_private_from(len(self.blocks) - 1)
+
+    def make_private_from(self, first_block: int) -> None:
+        """Give this table its own copy of every shared block from `first_block` on."""
         bs = self.cache.block_size
-        src = torch.arange(last * bs, last * bs + bs, device=self.cache.k[0].device)
-        dst = torch.arange(fresh * bs, fresh * bs + bs, device=self.cache.k[0].device)
-        self.cache.copy_tokens(src, dst)
-        self.cache.allocator.release(last)
-        self.blocks[-1] = fresh
+        device = self.cache.k[0].device
+        for i in range(first_block, len(self.blocks)):
+            block = self.blocks[i]
+            if self.cache.allocator.ref_counts[block] <= 1:
+                continue
+            fresh = self.cache.allocator.allocate()
+            src = torch.arange(block * bs, block * bs + bs, device=device)
+            dst = torch.arange(fresh * bs, fresh * bs + bs, device=device)
+            self.cache.copy_tokens(src, dst)
+            self.cache.allocator.release(block)
+            self.blocks[i] = fresh

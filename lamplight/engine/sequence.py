@@ -33,6 +33,7 @@ class Sequence:
         sampler: "SequenceSampler",
         tokenizer: "Tokenizer",
         n_ctx_slot: int,
+        context_shift: bool = False,
     ):
         self.request = request
         self.choice = choice
@@ -41,6 +42,8 @@ class Sequence:
         self.sampler = sampler
         self.tokenizer = tokenizer
         self.n_ctx_slot = n_ctx_slot
+        self.context_shift = context_shift
+        self.indent_from = -1  # start of the first line whose indentation is not yet checked (n_indent)
         self.tokens: list[int] = list(request.prompt_tokens)
         self.n_prompt = len(self.tokens)
         self.n_cached = 0
@@ -86,13 +89,18 @@ class Sequence:
         if token_id in self.tokenizer.eog_ids and not self.request.sampling.ignore_eos:
             self.stop_type = "eos"
         else:
-            self.text += self.decoder.feed(token_id)
+            piece = self.decoder.feed(token_id)
+            self.text += piece
             self._check_stop_string()
-        if self.state != SeqState.DONE and self.stop_type == "none":
+            if self.stop_type == "none" and self.request.n_indent > 0:
+                self._check_indent()
+            if self.stop_type == "none" and "\n" in piece:
+                self._check_time_limit(now)
+        if self.stop_type == "none":
             self._check_limits()
         if self.stop_type != "none":
             return self._finish_token_event(token_id, prob)
-        hold = self.stops.held_back(self.text)
+        hold = max(self.stops.held_back(self.text), self._undecided_indent())
         return self._emit(token_id, prob, len(self.text) - hold)
 
     def _check_stop_string(self) -> None:
@@ -107,9 +115,54 @@ class Sequence:
         req = self.request
         if 0 <= req.n_predict <= len(self.generated):
             self.stop_type = "limit"
-        elif len(self.tokens) >= self.n_ctx_slot:
+        elif len(self.tokens) >= self.n_ctx_slot and not self.context_shift:
             self.stop_type = "limit"
             self.truncated = True
+
+    def _check_indent(self) -> None:
+        """n_indent: after the first newline, a line indented less than n_indent ends generation.
+
+        The offending line is dropped (from its first character, indentation included).
+        """
+        if self.indent_from < 0:
+            first_nl = self.text.find("\n")
+            if first_nl < 0:
+                return
+            self.indent_from = first_nl + 1
+        while True:
+            start = self.indent_from
+            end = self.text.find("\n", start)
+            line = self.text[start:] if end < 0 else self.text[start:end]
+            body = line.lstrip(" \t")
+            if body:
+                if len(line) - len(body) < self.request.n_indent:
+                    self.text = self.text[:start]
+                    self.stop_type = "limit"
+                    return
+            if end < 0:
+                return
+            self.indent_from = end + 1
+
+    def _undecided_indent(self) -> int:
+        """Characters of a trailing whitespace-only line held back until its indentation is known."""
+        if self.request.n_indent <= 0 or self.indent_from < 0:
+            return 0
+        tail = self.text[self.indent_from :]
+        return len(tail) if tail.strip(" \t") == "" else 0
+
+    def _check_time_limit(self, now: float) -> None:
+        """t_max_predict_ms: once the budget is spent, stop at the next newline."""
+        limit = self.request.t_max_predict_ms
+        if limit > 0 and self.t_prompt_end is not None and (now - self.t_prompt_end) * 1e3 > limit:
+            self.stop_type = "limit"
+
+    def needs_context_shift(self) -> bool:
+        return self.context_shift and self.n_computed + 1 >= self.n_ctx_slot
+
+    def apply_context_shift(self, n_keep: int, n_discard: int) -> None:
+        """Forget tokens [n_keep, n_keep + n_discard) (their KV was moved by the engine)."""
+        del self.tokens[n_keep : n_keep + n_discard]
+        self.truncated = True
 
     def _finish_token_event(self, token_id: int, prob: TokenProbs | None) -> TokenEvent:
         if self.stop_type != "word":

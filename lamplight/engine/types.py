@@ -42,6 +42,7 @@ class GenerationRequest:
     n_choices: int = 1
     return_progress: bool = False
     n_indent: int = 0
+    n_keep: int = 0  # tokens of the prompt kept on context shift (-1: all of it)
     t_max_predict_ms: float = -1.0
     # Opaque per-request data a caller may attach (e.g. the HTTP task id).
     tag: Any = None

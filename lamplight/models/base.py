@@ -52,8 +52,18 @@ class CausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def max_positions(self, n_ctx: int) -> int:
-        return n_ctx
+    def rope_for_layer(self, layer: int):
+        """The Rotary module that layer `layer` applies to its keys."""
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def shift_kv(self, kv: KVCache, src: torch.Tensor, dst: torch.Tensor, delta: int) -> None:
+        """Move cached K/V entries from pool indices `src` to `dst`, re-rotating keys by `delta`
+        positions (context shift), so nothing has to be recomputed."""
+        for layer in range(self.config.n_layers):
+            k = kv.k[layer][src]
+            kv.k[layer][dst] = self.rope_for_layer(layer).rotate_by(k.float(), delta).to(k.dtype)
+            kv.v[layer][dst] = kv.v[layer][src]
 
 
 class WeightSource:

@@ -63,6 +63,9 @@ class Gemma3Model(CausalLM):
         self.softcap = gguf.arch_value("final_logit_softcapping")
         self.scale = config.head_dim_k**-0.5
 
+    def rope_for_layer(self, layer: int) -> Rotary:
+        return self.rope_global if self.blocks[layer].is_global else self.rope_local
+
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         cfg = self.config
         h = self.embed(batch) * self.embd_scale

@@ -63,8 +63,14 @@ class Rotary(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: [T, heads, head_dim]; positions: [T]."""
-        cos = self.cos[positions][:, None, :]
-        sin = self.sin[positions][:, None, :]
+        return self._rotate(x, self.cos[positions][:, None, :], self.sin[positions][:, None, :])
+
+    def rotate_by(self, x: torch.Tensor, delta: int) -> torch.Tensor:
+        """Move already-rotated keys by `delta` positions (rotations compose by adding angles)."""
+        sign = 1.0 if delta >= 0 else -1.0
+        return self._rotate(x, self.cos[abs(delta)], sign * self.sin[abs(delta)])
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         rot, rest = x[..., : self.n_rot], x[..., self.n_rot :]
         if self.neox:
             a, b = rot.chunk(2, dim=-1)

@@ -43,6 +43,9 @@ class LlamaModel(CausalLM):
         self.rope = Rotary(n_rot, base, config.n_ctx_train, neox=False, freq_factors=freq_factors)
         self.scale = config.head_dim_k**-0.5
 
+    def rope_for_layer(self, layer: int) -> Rotary:
+        return self.rope
+
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         cfg = self.config
         h = self.embed(batch)
