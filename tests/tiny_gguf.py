@@ -178,3 +178,17 @@ def _finish(w: GGUFWriter) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def write_tiny_lora(path: str | Path, targets: dict[str, tuple[int, int]], rank: int = 4, alpha: float = 8.0, seed: int = 0, arch: str = "llama") -> Path:
+    """A LoRA adapter in llama.cpp's GGUF format for the given {weight name: (out, in)}."""
+    rng = np.random.default_rng(seed)
+    w = GGUFWriter(str(path), arch)
+    w.add_string("general.type", "adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", alpha)
+    for name, (out_f, in_f) in targets.items():
+        w.add_tensor(name + ".lora_a", (rng.standard_normal((rank, in_f)) * 0.3).astype(np.float32))
+        w.add_tensor(name + ".lora_b", (rng.standard_normal((out_f, rank)) * 0.3).astype(np.float32))
+    _finish(w)
+    return Path(path)

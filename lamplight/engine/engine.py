@@ -19,6 +19,7 @@ import torch
 
 from ..models.base import CausalLM
 from ..models.batch import SequenceChunk, build_forward_batch
+from ..models.lora import LoraAdapter, attach_loras
 from ..sampling import SequenceSampler, sample_batch
 from .config import EngineConfig
 from .kv_cache import BlockTable, KVCache
@@ -42,6 +43,7 @@ class Slot:
         self.id = slot_id
         self.table = BlockTable(cache)
         self.cached_tokens: list[int] = []  # tokens whose K/V the table holds
+        self.cached_lora: tuple[float, ...] = ()  # the adapter scales those K/V were computed with
         self.seq: Sequence | None = None
         self.last_used = 0.0
         self.n_prompt_tokens = 0
@@ -64,7 +66,7 @@ class RequestHandle:
         self._sync_events: collections.deque[Event] = collections.deque()
         self._sync_ready = threading.Condition()
         self.cancelled = False
-        self.remaining = request.n_choices
+        self.lora_key: tuple[float, ...] = ()
         self.sequences: list[Sequence] = []
 
     def _push(self, event: Event) -> None:
@@ -107,8 +109,12 @@ class RequestHandle:
 
 
 class Engine:
-    def __init__(self, model: CausalLM, tokenizer, config: EngineConfig | None = None):
+    def __init__(
+        self, model: CausalLM, tokenizer, config: EngineConfig | None = None, loras: list[LoraAdapter] | None = None
+    ):
         self.model = model
+        self.loras = list(loras or [])
+        self.lora_scales = attach_loras(model, self.loras) if self.loras else None
         self.tokenizer = tokenizer
         self.config = config or EngineConfig()
         self.config.validate()
@@ -155,6 +161,7 @@ class Engine:
             if len(self.waiting) >= self.config.queue_size + self._idle_slot_count():
                 raise QueueFullError("the server is busy: the request queue is full, try again later")
             handle = RequestHandle(self, request, next(self._task_ids), loop)
+            handle.lora_key = self._lora_key(request)
             self.waiting.append(handle)
         self._wake()
         return handle
@@ -176,6 +183,31 @@ class Engine:
             raise InvalidRequestError(f"n must be between 1 and the number of slots ({self.n_parallel})")
         if request.id_slot >= self.n_parallel or request.id_slot < -1:
             raise InvalidRequestError(f"id_slot {request.id_slot} is out of range (the server has {self.n_parallel} slots)")
+        for adapter_id, scale in request.lora or ():
+            if not 0 <= adapter_id < len(self.loras):
+                raise InvalidRequestError(f"lora: no adapter with id {adapter_id} (the server has {len(self.loras)})")
+
+    # -- LoRA ----------------------------------------------------------------------------------
+
+    def _lora_key(self, request: GenerationRequest) -> tuple[float, ...]:
+        if request.lora is None:
+            return tuple(a.scale for a in self.loras)
+        scales = [0.0] * len(self.loras)
+        for adapter_id, scale in request.lora:
+            scales[adapter_id] = float(scale)
+        return tuple(scales)
+
+    def lora_json(self) -> list[dict]:
+        return [{"id": i, "path": a.path, "scale": a.scale} for i, a in enumerate(self.loras)]
+
+    def set_lora_scales(self, entries: list[tuple[int, float]]) -> None:
+        """Server-wide scales for requests that name none (adapters not listed get 0)."""
+        for adapter_id, _ in entries:
+            if not 0 <= adapter_id < len(self.loras):
+                raise InvalidRequestError(f"no adapter with id {adapter_id} (the server has {len(self.loras)})")
+        new = dict(entries)
+        for i, adapter in enumerate(self.loras):
+            adapter.scale = float(new.get(i, 0.0))
 
     def slots_json(self) -> list[dict]:
         out = []
@@ -239,14 +271,14 @@ class Engine:
         with self._lock:
             pending = list(self.waiting)
         for handle in pending:
-            slots = self._choose_slots(handle.request)
+            slots = self._choose_slots(handle.request, handle.lora_key)
             if slots is None:
                 continue  # this one waits (its forced slot is busy, or too few idle slots)
             with self._lock:
                 self.waiting.remove(handle)
             self._start(handle, slots)
 
-    def _choose_slots(self, request: GenerationRequest) -> list[Slot] | None:
+    def _choose_slots(self, request: GenerationRequest, lora_key: tuple[float, ...]) -> list[Slot] | None:
         idle = [s for s in self.slots if s.is_idle]
         if request.id_slot >= 0:
             first = self.slots[request.id_slot]
@@ -255,16 +287,18 @@ class Engine:
         else:
             if not idle:
                 return None
-            first = self._best_slot(idle, request.prompt_tokens)
+            first = self._best_slot(idle, request.prompt_tokens, lora_key)
         others = sorted((s for s in idle if s is not first), key=lambda s: s.last_used)
         if len(others) < request.n_choices - 1:
             return None
         return [first] + others[: request.n_choices - 1]
 
-    def _best_slot(self, idle: list[Slot], prompt: list[int]) -> Slot:
+    def _best_slot(self, idle: list[Slot], prompt: list[int], lora_key: tuple[float, ...]) -> Slot:
         threshold = self.config.slot_prompt_similarity
         best, best_ratio = None, 0.0
         for slot in idle:
+            if slot.cached_lora != lora_key:
+                continue
             ratio = common_prefix(slot.cached_tokens, prompt) / len(prompt)
             if ratio > threshold and ratio > best_ratio:
                 best, best_ratio = slot, ratio
@@ -295,13 +329,15 @@ class Engine:
                 slot.table.release()
                 slot.cached_tokens = []
                 seq.state = SeqState.WAITING_PARENT
+            slot.cached_lora = handle.lora_key
         self.active.append(handle)
         if request.return_progress:
             parent = handle.sequences[0]
             handle._push(PromptProgress(0, parent.n_prompt, parent.n_cached, parent.n_cached, 0.0))
 
     def _reuse_prefix(self, slot: Slot, seq: Sequence, request: GenerationRequest) -> None:
-        keep = common_prefix(slot.cached_tokens, request.prompt_tokens) if request.cache_prompt else 0
+        same_lora = slot.cached_lora == seq.handle.lora_key
+        keep = common_prefix(slot.cached_tokens, request.prompt_tokens) if request.cache_prompt and same_lora else 0
         keep = min(keep, seq.n_prompt - 1)  # always evaluate at least one prompt token for its logits
         slot.table.truncate(keep)
         slot.cached_tokens = slot.cached_tokens[:keep]
@@ -316,6 +352,8 @@ class Engine:
             self._finish_done()
             return False
         chunks = [chunk for _, chunk in plan]
+        if self.lora_scales is not None:
+            self.lora_scales.scales = list(plan[0][0].handle.lora_key)
         batch = build_forward_batch(chunks, device=self.config.device)
         logits = self.model(batch, self.cache)
         self.stats["steps"] += 1
@@ -340,7 +378,7 @@ class Engine:
     def _plan_step(self) -> list[tuple[Sequence, SequenceChunk]]:
         budget = self.config.n_ubatch
         plan: list[tuple[Sequence, SequenceChunk]] = []
-        running = [seq for handle in self.active for seq in handle.sequences]
+        running = self._sequences_of_one_lora_set()
         for seq in running:
             if seq.state == SeqState.DECODE:
                 if seq.needs_context_shift():
@@ -376,6 +414,20 @@ class Engine:
         self.model.shift_kv(self.cache, src, dst, -n_discard)
         table.truncate(n_tokens - n_discard)
         seq.apply_context_shift(n_keep, n_discard)
+
+    def _sequences_of_one_lora_set(self) -> list[Sequence]:
+        """Running sequences that share adapter scales with each other: one set per step.
+
+        Different sets take turns, step by step, so none waits for another to finish.
+        """
+        runnable = [
+            seq for handle in self.active for seq in handle.sequences if seq.state in (SeqState.DECODE, SeqState.PREFILL)
+        ]
+        keys = list(dict.fromkeys(seq.handle.lora_key for seq in runnable))
+        if len(keys) <= 1:
+            return runnable
+        key = keys[self.stats["steps"] % len(keys)]
+        return [seq for seq in runnable if seq.handle.lora_key == key]
 
     def _decode_chunk(self, seq: Sequence) -> SequenceChunk:
         pos = seq.n_computed

@@ -27,9 +27,20 @@ class QuantLinear(nn.Module):
         self.raw = info.data
         self.out_features, self.in_features = info.shape
         self.register_buffer("weight", dequantize(info), persistent=False)
+        self.loras: list[tuple[int, torch.Tensor, torch.Tensor, float]] = []
+        self.lora_scales = None  # lamplight.models.lora.LoraScales, shared by all layers
+
+    def add_lora(self, index: int, a: torch.Tensor, b: torch.Tensor, factor: float, scales) -> None:
+        self.loras.append((index, a, b, factor))
+        self.lora_scales = scales
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        y = F.linear(x, self.weight)
+        for index, a, b, factor in self.loras:
+            scale = self.lora_scales.scales[index] * factor
+            if scale:
+                y = y + scale * F.linear(F.linear(x, a), b)
+        return y
 
 
 class RMSNorm(nn.Module):
