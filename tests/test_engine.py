@@ -250,3 +250,32 @@ def test_context_shift_keeps_generating(tiny):
         assert final.tokens_cached < eng.n_ctx_slot
     finally:
         eng.stop()
+
+
+def test_slot_save_restore_continues_identically(tiny, tmp_path):
+    from lamplight.engine.slot_files import slot_file_path
+
+    eng = make_engine(tiny, n_parallel=2)
+    try:
+        ids = prompt_ids(tiny, "the cat sat on the mat")
+        params = SamplingParams(temperature=0, ignore_eos=True)
+        _, (first,) = run(eng, GenerationRequest(ids, params, n_predict=6, id_slot=1))
+        follow_up = ids + list(first.token_ids)
+        _, (expected,) = run(eng, GenerationRequest(follow_up, params, n_predict=6, id_slot=0, cache_prompt=False))
+
+        path = slot_file_path(str(tmp_path), "slot1.bin")
+        saved = eng.save_slot(1, path)
+        assert saved["n_saved"] == first.tokens_cached
+        assert eng.erase_slot(1)["n_erased"] == first.tokens_cached
+        assert eng.restore_slot(1, path)["n_restored"] == first.tokens_cached
+        _, (resumed,) = run(eng, GenerationRequest(follow_up, params, n_predict=6, id_slot=1))
+        assert resumed.n_cached == first.tokens_cached
+        assert resumed.token_ids == expected.token_ids
+        with pytest.raises(InvalidRequestError):
+            slot_file_path(str(tmp_path), "../escape.bin")
+        with pytest.raises(InvalidRequestError, match="does not exist"):
+            eng.restore_slot(0, str(tmp_path / "missing.bin"))
+        with pytest.raises(InvalidRequestError, match="does not exist"):
+            eng.save_slot(7, str(tmp_path / "x.bin"))
+    finally:
+        eng.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import itertools
 import threading
 import time
@@ -24,6 +25,7 @@ from ..sampling import SequenceSampler, sample_batch
 from .config import EngineConfig
 from .kv_cache import BlockTable, KVCache
 from .sequence import Sequence, SeqState
+from .slot_files import load_slot, save_slot, write_slot
 from .types import (
     ContextExceededError,
     ErrorEvent,
@@ -132,6 +134,7 @@ class Engine:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._task_ids = itertools.count()
+        self._control: collections.deque[tuple[Callable[[], object], concurrent.futures.Future]] = collections.deque()
         self.is_ready = False
         self.on_step: Callable[[dict], None] | None = None  # metrics hook
         self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "requests": 0}
@@ -246,12 +249,74 @@ class Engine:
         while not self._stop:
             self._wakeup.clear()
             try:
+                self._run_control()
                 self._drop_cancelled()
                 self._admit_waiting()
                 if not self._step():
                     self._wakeup.wait(timeout=0.5)
             except Exception as exc:  # never let the loop die: fail the running requests instead
                 self._fail_all(f"internal error in the engine: {exc!r}")
+
+    # -- slot files (run on the engine thread, between steps) ---------------------------------
+
+    def call_on_engine(self, fn: Callable[[], object], timeout: float = 60.0) -> object:
+        """Run `fn` on the engine thread between steps and return its result (or raise its error)."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._control.append((fn, future))
+        self._wake()
+        return future.result(timeout=timeout)
+
+    def _run_control(self) -> None:
+        while self._control:
+            fn, future = self._control.popleft()
+            try:
+                future.set_result(fn())
+            except Exception as exc:
+                future.set_exception(exc)
+
+    @property
+    def fingerprint(self) -> str:
+        return repr(self.model.config)
+
+    def _idle_slot(self, slot_id: int) -> Slot:
+        if not 0 <= slot_id < self.n_parallel:
+            raise InvalidRequestError(f"slot {slot_id} does not exist (the server has {self.n_parallel} slots)")
+        slot = self.slots[slot_id]
+        if not slot.is_idle:
+            raise InvalidRequestError(f"slot {slot_id} is busy processing a request")
+        return slot
+
+    def save_slot(self, slot_id: int, path: str) -> dict:
+        def save() -> dict:
+            slot = self._idle_slot(slot_id)
+            start = time.perf_counter()
+            n_bytes = save_slot(path, self.cache, slot.table, slot.cached_tokens, slot.cached_lora, self.fingerprint)
+            return {"n_saved": len(slot.cached_tokens), "n_written": n_bytes, "ms": (time.perf_counter() - start) * 1e3}
+
+        return self.call_on_engine(save)
+
+    def restore_slot(self, slot_id: int, path: str) -> dict:
+        data = load_slot(path, self.fingerprint, self.n_ctx_slot)
+
+        def restore() -> dict:
+            slot = self._idle_slot(slot_id)
+            start = time.perf_counter()
+            write_slot(self.cache, slot.table, data)
+            slot.cached_tokens = list(data["tokens"])
+            slot.cached_lora = tuple(data["lora"])
+            return {"n_restored": len(slot.cached_tokens), "ms": (time.perf_counter() - start) * 1e3}
+
+        return self.call_on_engine(restore)
+
+    def erase_slot(self, slot_id: int) -> dict:
+        def erase() -> dict:
+            slot = self._idle_slot(slot_id)
+            n = len(slot.cached_tokens)
+            slot.table.release()
+            slot.cached_tokens = []
+            return {"n_erased": n}
+
+        return self.call_on_engine(erase)
 
     def _fail_all(self, message: str) -> None:
         for handle in list(self.active):
