@@ -9,6 +9,7 @@ from typing import Callable
 
 from .chat import ChatTemplate, resolve_chat_template
 from .gguf.file import GGUFFile
+from .kernels.fast_path import use_fast_path
 from .models import CausalLM, load_model
 from .sources import ALIASES, resolve_model
 from .tokenizer import Tokenizer
@@ -30,8 +31,13 @@ def load(
     chat_template: str | None = None,
     chat_template_file: str | None = None,
     progress: Callable[[str], None] | None = None,
+    fast: bool = False,
+    device: str = "cpu",
 ) -> LoadedModel:
     """Load a model by GGUF path or built-in alias (default: smollm2-135m-instruct).
+
+    `fast=False` is the float32 reference path (dequantized weights, what the fidelity tests
+    check); `fast=True` packs weights for speed (see lamplight.kernels.fast_path).
 
     >>> m = lamplight.load("smollm2-135m-instruct")
     >>> ids = m.tokenizer.encode("Hello")
@@ -41,5 +47,9 @@ def load(
     tokenizer = Tokenizer.from_gguf(gguf)
     template = resolve_chat_template(gguf.metadata, chat_template, chat_template_file)
     model = load_model(gguf)
+    if fast:
+        use_fast_path(model, device)
+    if device != "cpu":
+        model.to(device)
     name = os.fspath(spec) if spec is not None and os.fspath(spec) in ALIASES else path.name
     return LoadedModel(path, name, gguf, model, tokenizer, template)

@@ -16,6 +16,8 @@ from tiny_gguf import write_tiny_gemma3, write_tiny_llama
 from lamplight.engine.kv_cache import BlockTable, KVCache
 from lamplight.gguf.file import GGUFError, GGUFFile
 from lamplight.gguf.quant import dequantize
+from lamplight.kernels.fast_path import use_fast_path
+from lamplight.kernels.unpack import unpack_int4
 from lamplight.models import load_model
 from lamplight.models.batch import SequenceChunk, build_forward_batch
 from lamplight.models.scoring import greedy, score
@@ -47,6 +49,19 @@ def _greedy_prefix(row) -> tuple[list[int], list[int]]:
         if top[0] - top[1] < MARGIN:
             return row["tokens"][:n], continuation[:j]
     return row["tokens"][:n], continuation
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_fast_path_keeps_fidelity(name, request):
+    """The packed int4 / bf16 path stays within the reference path's bounds (figures printed)."""
+    path = request.getfixturevalue(f"{name}_path")
+    rows = load_jsonl(f"{name}.logits.jsonl")
+    model = use_fast_path(load_model(GGUFFile(path)))
+    checked, mismatches, diffs = _agreement(model, rows)
+    median = statistics.median(diffs)
+    print(f"\n{name} fast path: top-1 agrees at {checked - len(mismatches)}/{checked}; max top-10 |diff| median {median:.3f}")
+    assert not mismatches and median <= 0.5
 
 
 @pytest.mark.real_model
@@ -200,3 +215,24 @@ def test_unsupported_tensor_type_is_named(tmp_path):
     info = GGUFFile(tmp_path / "iq.gguf").tensors["t"]
     with pytest.raises(GGUFError, match="TQ2_0"):
         dequantize(info)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1])
+def test_fast_path_close_to_reference(qtype, tmp_path):
+    path = write_tiny_llama(tmp_path / "t.gguf", qtype=qtype)
+    reference = load_model(GGUFFile(path))
+    fast = use_fast_path(load_model(GGUFFile(path)))
+    assert fast.blocks[0].qkv.fused is not None
+    ids = list(range(20, 50))
+    ref, out = score(reference, ids), score(fast, ids)
+    assert (ref - out).abs().max() / ref.abs().max() < 0.03  # bf16 activations and scales
+    assert (ref.argmax(-1) == out.argmax(-1)).float().mean() > 0.9
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1])
+def test_int4_unpack_is_exact(qtype, tmp_path):
+    path = write_tiny_llama(tmp_path / "t.gguf", qtype=qtype)
+    info = GGUFFile(path).tensors["blk.0.ffn_up.weight"]
+    q, scale, zero = unpack_int4(info)
+    rebuilt = ((q.float() - 8).view(q.shape[0], -1, 32) * scale[:, :, None] + zero[:, :, None]).view(q.shape)
+    torch.testing.assert_close(rebuilt, dequantize(info), rtol=0, atol=1e-6)

@@ -47,6 +47,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--ttft-lengths", type=_int_list, metavar="N,N,...",
                         help=f"prompt lengths (default: {_join(DEFAULT_CONFIG.ttft_lengths)})")
     parser.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+    engine = parser.add_argument_group("in-process engine figures (--engine)")
+    engine.add_argument("--engine", action="store_true",
+                        help="measure the engine in this process instead of a server: ms per decode "
+                             "step by batch size, prefill tokens/s, peak memory")
+    engine.add_argument("--engine-model", metavar="ALIAS|PATH", help="model for --engine (default: smollm2-135m-instruct)")
+    engine.add_argument("--paths", default="reference,fast", metavar="P,P",
+                        help="weight paths measured side by side with --engine (default: %(default)s)")
+    engine.add_argument("--batches", type=_int_list, default=(1, 4, 16, 32), metavar="N,N,...",
+                        help="decode batch sizes for --engine (default: 1,4,16,32)")
+    engine.add_argument("--steps", type=int, default=12, help="timed decode steps per batch size (default: %(default)s)")
     parser.set_defaults(bench_main=run_with_args)
     return parser
 
@@ -59,6 +69,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_with_args(args: argparse.Namespace) -> int:
     """Run the benchmark described by parsed arguments; returns the process exit code."""
+    if getattr(args, "engine", False):
+        from lamplight.bench.engine_bench import run_engine_bench
+
+        paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+        if not paths or any(p not in ("reference", "fast") for p in paths):
+            print("lamplight bench: error: --paths takes reference and/or fast", file=sys.stderr)
+            return 2
+        return run_engine_bench(args.engine_model, paths, list(args.batches), args.steps, args.json)
     progress = Progress(enabled=not args.no_progress)
     try:
         options = options_from_args(args)

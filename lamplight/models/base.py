@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..engine.kv_cache import KVCache, KVLayout
@@ -48,6 +49,16 @@ class CausalLM(nn.Module):
             rows, values = batch.embedding_overrides
             h[rows] = values.to(h.dtype)
         return h
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits from final hidden states: the output weight, or the tied embedding."""
+        if self.output is not None:
+            return self.output(h)
+        if self.tied_head_kernel is not None:
+            return self.tied_head_kernel(h)
+        return F.linear(h, self.token_embd)
+
+    tied_head_kernel = None  # set by the fast path (e.g. a bf16 copy of the embedding)
 
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError

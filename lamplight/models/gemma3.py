@@ -19,7 +19,7 @@ from ..engine.kv_cache import KVCache
 from ..gguf.file import GGUFFile
 from .base import CausalLM, WeightSource, read_common_config
 from .batch import ForwardBatch
-from .layers import RMSNorm, Rotary, paged_attention
+from .layers import LinearGroup, RMSNorm, Rotary, paged_attention
 
 GLOBAL_LAYER_PERIOD = 6  # layers 5, 11, 17, ... attend globally (llama.cpp: swa pattern 6)
 LOCAL_ROPE_BASE = 10000.0
@@ -30,16 +30,13 @@ class Gemma3Block(nn.Module):
         super().__init__()
         p = f"blk.{i}."
         self.attn_norm = RMSNorm(w.dense(p + "attn_norm.weight"), eps)
-        self.wq = w.linear(p + "attn_q.weight")
-        self.wk = w.linear(p + "attn_k.weight")
-        self.wv = w.linear(p + "attn_v.weight")
+        self.qkv = LinearGroup(w.linear(p + "attn_q.weight"), w.linear(p + "attn_k.weight"), w.linear(p + "attn_v.weight"))
         self.wo = w.linear(p + "attn_output.weight")
         self.q_norm = RMSNorm(w.dense(p + "attn_q_norm.weight"), eps)
         self.k_norm = RMSNorm(w.dense(p + "attn_k_norm.weight"), eps)
         self.post_attn_norm = RMSNorm(w.dense(p + "post_attention_norm.weight"), eps)
         self.ffn_norm = RMSNorm(w.dense(p + "ffn_norm.weight"), eps)
-        self.gate = w.linear(p + "ffn_gate.weight")
-        self.up = w.linear(p + "ffn_up.weight")
+        self.gate_up = LinearGroup(w.linear(p + "ffn_gate.weight"), w.linear(p + "ffn_up.weight"))
         self.down = w.linear(p + "ffn_down.weight")
         self.post_ffn_norm = RMSNorm(w.dense(p + "post_ffw_norm.weight"), eps)
         self.is_global = (i + 1) % GLOBAL_LAYER_PERIOD == 0
@@ -73,17 +70,19 @@ class Gemma3Model(CausalLM):
         for i, blk in enumerate(self.blocks):
             rope = self.rope_global if blk.is_global else self.rope_local
             x = blk.attn_norm(h)
-            q = rope(blk.q_norm(blk.wq(x).view(-1, cfg.n_heads, cfg.head_dim_k)), pos)
-            k = rope(blk.k_norm(blk.wk(x).view(-1, cfg.n_kv_heads, cfg.head_dim_k)), pos)
-            v = blk.wv(x).view(-1, cfg.n_kv_heads, cfg.head_dim_v)
+            q, k, v = blk.qkv(x)
+            q = rope(blk.q_norm(q.view(-1, cfg.n_heads, cfg.head_dim_k)), pos)
+            k = rope(blk.k_norm(k.view(-1, cfg.n_kv_heads, cfg.head_dim_k)), pos)
+            v = v.view(-1, cfg.n_kv_heads, cfg.head_dim_v)
             window = None if blk.is_global else self.window
             attn = paged_attention(q, k, v, i, kv, batch, self.scale, window)
             h = h + blk.post_attn_norm(blk.wo(attn))
             x = blk.ffn_norm(h)
-            mlp = blk.down(F.gelu(blk.gate(x), approximate="tanh") * blk.up(x))
+            gate, up = blk.gate_up(x)
+            mlp = blk.down(F.gelu(gate, approximate="tanh") * up)
             h = h + blk.post_ffn_norm(mlp)
         h = self.output_norm(h[batch.logit_rows])
-        logits = self.output(h) if self.output is not None else F.linear(h, self.token_embd)
+        logits = self.head(h)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

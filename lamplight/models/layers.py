@@ -9,38 +9,65 @@ from torch import nn
 from ..engine.kv_cache import KVCache
 from ..gguf.file import TensorInfo
 from ..gguf.quant import dequantize
+from ..kernels.linear import DenseKernel
 from .batch import ForwardBatch
 
 
 class QuantLinear(nn.Module):
     """A linear layer whose weight comes from GGUF blocks.
 
-    It keeps the raw GGUF blocks (memory-mapped, no copy) beside the weight it computes with, so a
-    packed kernel per quantization type can replace `forward` without touching model code. The
-    reference path computes with the dequantized float32 weight.
+    It keeps the GGUF tensor (raw blocks, memory-mapped, no copy) and computes with a *kernel*:
+    the reference path is the dequantized float32 weight; `lamplight.kernels.fast_path` swaps in
+    packed or bf16 kernels without touching model code. LoRA adapters add on top of any kernel.
     """
 
     def __init__(self, info: TensorInfo):
         super().__init__()
+        self.info = info
         self.name = info.name
         self.qtype = info.qtype
         self.raw = info.data
         self.out_features, self.in_features = info.shape
-        self.register_buffer("weight", dequantize(info), persistent=False)
+        self.kernel = DenseKernel(dequantize(info), torch.float32)
         self.loras: list[tuple[int, torch.Tensor, torch.Tensor, float]] = []
         self.lora_scales = None  # lamplight.models.lora.LoraScales, shared by all layers
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The float32 weight (dequantized again if the kernel no longer holds it)."""
+        if isinstance(self.kernel, DenseKernel) and self.kernel.dtype == torch.float32:
+            return self.kernel.weight
+        return dequantize(self.info)
 
     def add_lora(self, index: int, a: torch.Tensor, b: torch.Tensor, factor: float, scales) -> None:
         self.loras.append((index, a, b, factor))
         self.lora_scales = scales
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+    def lora_delta(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         for index, a, b, factor in self.loras:
             scale = self.lora_scales.scales[index] * factor
             if scale:
                 y = y + scale * F.linear(F.linear(x, a), b)
         return y
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lora_delta(x, self.kernel(x))
+
+
+class LinearGroup(nn.Module):
+    """Several linears reading the same input (Q/K/V, gate/up): one fused matmul when possible."""
+
+    def __init__(self, *members: QuantLinear):
+        super().__init__()
+        self.members = nn.ModuleList(members)
+        self.fused = None  # a kernel computing all members' outputs side by side
+        self.sizes = [m.out_features for m in members]
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if self.fused is None:
+            return [m(x) for m in self.members]
+        parts = self.fused(x).split(self.sizes, dim=-1)
+        return [m.lora_delta(x, part) for m, part in zip(self.members, parts)]
 
 
 class RMSNorm(nn.Module):

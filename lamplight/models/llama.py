@@ -10,7 +10,7 @@ from ..engine.kv_cache import KVCache
 from ..gguf.file import GGUFFile
 from .base import CausalLM, WeightSource, read_common_config
 from .batch import ForwardBatch
-from .layers import RMSNorm, Rotary, paged_attention
+from .layers import LinearGroup, RMSNorm, Rotary, paged_attention
 
 
 class LlamaBlock(nn.Module):
@@ -18,13 +18,10 @@ class LlamaBlock(nn.Module):
         super().__init__()
         p = f"blk.{i}."
         self.attn_norm = RMSNorm(w.dense(p + "attn_norm.weight"), eps)
-        self.wq = w.linear(p + "attn_q.weight")
-        self.wk = w.linear(p + "attn_k.weight")
-        self.wv = w.linear(p + "attn_v.weight")
+        self.qkv = LinearGroup(w.linear(p + "attn_q.weight"), w.linear(p + "attn_k.weight"), w.linear(p + "attn_v.weight"))
         self.wo = w.linear(p + "attn_output.weight")
         self.ffn_norm = RMSNorm(w.dense(p + "ffn_norm.weight"), eps)
-        self.gate = w.linear(p + "ffn_gate.weight")
-        self.up = w.linear(p + "ffn_up.weight")
+        self.gate_up = LinearGroup(w.linear(p + "ffn_gate.weight"), w.linear(p + "ffn_up.weight"))
         self.down = w.linear(p + "ffn_down.weight")
 
 
@@ -52,11 +49,13 @@ class LlamaModel(CausalLM):
         pos = batch.positions
         for i, blk in enumerate(self.blocks):
             x = blk.attn_norm(h)
-            q = self.rope(blk.wq(x).view(-1, cfg.n_heads, cfg.head_dim_k), pos)
-            k = self.rope(blk.wk(x).view(-1, cfg.n_kv_heads, cfg.head_dim_k), pos)
-            v = blk.wv(x).view(-1, cfg.n_kv_heads, cfg.head_dim_v)
+            q, k, v = blk.qkv(x)
+            q = self.rope(q.view(-1, cfg.n_heads, cfg.head_dim_k), pos)
+            k = self.rope(k.view(-1, cfg.n_kv_heads, cfg.head_dim_k), pos)
+            v = v.view(-1, cfg.n_kv_heads, cfg.head_dim_v)
             h = h + blk.wo(paged_attention(q, k, v, i, kv, batch, self.scale))
             x = blk.ffn_norm(h)
-            h = h + blk.down(F.silu(blk.gate(x)) * blk.up(x))
+            gate, up = blk.gate_up(x)
+            h = h + blk.down(F.silu(gate) * up)
         h = self.output_norm(h[batch.logit_rows])
-        return self.output(h) if self.output is not None else F.linear(h, self.token_embd)
+        return self.head(h)

@@ -1,0 +1,113 @@
+"""In-process engine figures: ms per decode step by batch size, prefill tokens/s, peak memory.
+
+`lamplight bench --engine [--model ALIAS|PATH] [--paths reference,fast]` runs the model directly
+(no HTTP), so the numbers isolate the forward pass, the sampler chain and the batch assembly.
+Several paths are measured interleaved in one run, so machine drift affects them alike.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import sys
+import time
+
+import torch
+
+from ..engine.kv_cache import BlockTable, KVCache
+from ..models.batch import SequenceChunk, build_forward_batch
+from ..sampling import SamplingParams, SequenceSampler, sample_batch
+
+CONTEXT = 128  # tokens already in each sequence's cache when decode steps are timed
+
+
+def decode_step_ms(model, tokenizer, batch: int, steps: int) -> float:
+    cache = KVCache(model.config.kv_layout, num_blocks=batch * (CONTEXT + steps + 16) // 16 + batch, block_size=16)
+    tables = []
+    for b in range(batch):
+        table = BlockTable(cache)
+        table.reserve(CONTEXT)
+        table.num_tokens = CONTEXT
+        ids = [(b * 7 + i * 13) % 1000 + 100 for i in range(CONTEXT)]
+        model(build_forward_batch([SequenceChunk(ids, 0, table.slots(), need_logits=False)]), cache)
+        tables.append(table)
+    params = SamplingParams(temperature=0.8, seed=1)
+    samplers = [SequenceSampler(params, tokenizer=tokenizer, n_ctx=4096, choice_index=i) for i in range(batch)]
+    tokens = [200] * batch
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        chunks = []
+        for b, table in enumerate(tables):
+            pos = table.num_tokens
+            table.reserve(pos + 1)
+            table.num_tokens = pos + 1
+            chunks.append(SequenceChunk([tokens[b]], pos, table.slots()))
+        logits = model(build_forward_batch(chunks), cache)
+        result = sample_batch(logits, samplers)
+        for b, sampler in enumerate(samplers):
+            sampler.accept(result.token_ids[b])
+        tokens = result.token_ids
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def prefill_tokens_per_s(model, n_tokens: int, chunk: int = 512) -> float:
+    cache = KVCache(model.config.kv_layout, num_blocks=n_tokens // 16 + 2, block_size=16)
+    table = BlockTable(cache)
+    ids = [(i * 31) % 1000 + 100 for i in range(n_tokens)]
+    start = time.perf_counter()
+    for first in range(0, n_tokens, chunk):
+        end = min(first + chunk, n_tokens)
+        table.reserve(end)
+        table.num_tokens = end
+        model(build_forward_batch([SequenceChunk(ids[first:end], first, table.slots())]), cache)
+    return n_tokens / (time.perf_counter() - start)
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_engine_bench(model_spec: str | None, paths: list[str], batches: list[int], steps: int, json_path: str | None) -> int:
+    from ..loader import load
+
+    results: dict[str, dict] = {}
+    loaded = {}
+    for path in paths:
+        m = load(model_spec, fast=(path == "fast"))
+        loaded[path] = m
+        results[path] = {"decode_ms": {}, "rss_after_load_mib": peak_rss_mib()}
+    with torch.inference_mode():
+        for path, m in loaded.items():  # warm-up
+            decode_step_ms(m.model, m.tokenizer, 1, 3)
+        for batch in batches:
+            for path, m in loaded.items():
+                ms = decode_step_ms(m.model, m.tokenizer, batch, steps)
+                results[path]["decode_ms"][batch] = ms
+                print(f"[{path}] batch {batch:3d}: {ms:8.2f} ms/step  {1e3 * batch / ms:8.1f} tokens/s", file=sys.stderr)
+        for path, m in loaded.items():
+            results[path]["prefill_tokens_per_s"] = prefill_tokens_per_s(m.model, 512)
+    print(format_engine_table(results, batches))
+    print(f"peak resident memory: {peak_rss_mib():.0f} MiB (all paths loaded together)")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"results": results, "peak_rss_mib": peak_rss_mib(), "threads": torch.get_num_threads()}, f, indent=2)
+    return 0
+
+
+def format_engine_table(results: dict[str, dict], batches: list[int]) -> str:
+    paths = list(results)
+    header = "batch | " + " | ".join(f"{p} ms/step" for p in paths)
+    if len(paths) == 2:
+        header += f" | {paths[0]}/{paths[1]}"
+    lines = [header, "-" * len(header)]
+    for batch in batches:
+        values = [results[p]["decode_ms"][batch] for p in paths]
+        row = f"{batch:5d} | " + " | ".join(f"{v:13.2f}" for v in values)
+        if len(paths) == 2:
+            row += f" | {values[0] / values[1]:8.2f}x"
+        lines.append(row)
+    lines.append("prefill tokens/s (512-token prompt): " + ", ".join(f"{p} {results[p]['prefill_tokens_per_s']:.0f}" for p in paths))
+    return "\n".join(lines)
