@@ -1,0 +1,20 @@
+"""The HTTP layer: OpenAI- and llama-server-compatible endpoints over the engine.
+
+Start with `app.create_app(ServerState(settings))`; `launcher.serve()` runs it with uvicorn while
+the model loads in the background. Module map:
+
+- app, middleware: the FastAPI application, CORS / API key / readiness rules, error shapes
+- routes_openai, routes_native, routes_misc: the endpoints
+- completion_flow: what every generating endpoint does (parse, submit, answer or stream)
+- params, fields, constraints, prompts, chat_prompt: request bodies -> engine requests
+- generation: engine handles of one request, merged events, cancellation
+- responses_native, responses_openai, probs, generation_settings: JSON result shapes
+- stream_formats, sse: streamed answers
+- settings, state, errors, json_io, model_info, metrics, launcher: the rest
+"""
+
+from .app import create_app
+from .settings import ServerSettings
+from .state import ServerState
+
+__all__ = ["ServerSettings", "ServerState", "create_app"]

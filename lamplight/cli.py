@@ -1,0 +1,131 @@
+"""`lamplight` command line: serve (llama-server's flag names), pull, bench."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from lamplight import __version__
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def _say(message: str) -> None:
+    print(f"lamplight: {message}", file=sys.stderr, flush=True)
+
+
+def _comma_list(value: str | None) -> tuple[str, ...]:
+    return tuple(part.strip() for part in (value or "").split(",") if part.strip())
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("-m", "--model", default=DEFAULT_MODEL, help="GGUF path or built-in alias (default: %(default)s)")
+    add("-a", "--alias", help="model name reported by the API (comma-separated aliases)")
+    add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    add("--port", type=int, default=8080, help="port to listen on (default: %(default)s)")
+    add("-c", "--ctx-size", type=int, default=0,
+        help="total context, split across slots; 0 = from the model, at most 4096 (default: 0)")
+    add("-np", "--parallel", type=int, default=4, help="number of slots (default: %(default)s)")
+    add("-b", "--batch-size", type=int, default=2048, help="logical batch size (default: %(default)s)")
+    add("-ub", "--ubatch-size", type=int, default=512, help="tokens per forward step (default: %(default)s)")
+    add("-n", "--n-predict", type=int, default=-1, help="default max tokens per request, -1 = unlimited")
+    add("--keep", type=int, default=0, help="default n_keep (default: %(default)s)")
+    add("--queue-size", type=int, default=64, help="requests waiting for a slot before 503 (default: %(default)s)")
+    add("--api-key", help="API key(s), comma-separated")
+    add("--chat-template", help="built-in template name or Jinja source")
+    add("--chat-template-file", help="file holding a Jinja chat template")
+    add("-t", "--threads", type=int, default=-1, help="CPU threads for the model (default: torch's choice)")
+    add("--seed", type=int, help="default seed (-1 = random)")
+    add("--temp", type=float, help="default temperature")
+    add("--top-k", type=int, help="default top_k")
+    add("--top-p", type=float, help="default top_p")
+    add("--min-p", type=float, help="default min_p")
+    add("--no-slots", action="store_true", help="disable GET /slots")
+    add("--cors-origins", default="*", help="allowed CORS origins, comma-separated (default: *)")
+    add("--metrics", action="store_true", help="enable GET /metrics (Prometheus)")
+    add("--context-shift", action="store_true", help="shift the context instead of stopping when it is full")
+    add("-to", "--timeout", type=float, default=3600, help="idle connection timeout in seconds")
+    add("--sse-ping-interval", type=float, default=30.0,
+        help="seconds of silence before an SSE keep-alive comment, <= 0 disables (default: %(default)s)")
+    parser.set_defaults(handler=run_serve)
+
+
+def _sampling_defaults(args: argparse.Namespace) -> dict:
+    flags = {"seed": args.seed, "temperature": args.temp, "top_k": args.top_k,
+             "top_p": args.top_p, "min_p": args.min_p}
+    return {name: value for name, value in flags.items() if value is not None}
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import lamplight
+    from lamplight.server import ServerSettings, ServerState
+    from lamplight.server.launcher import EngineOptions, build_engine, serve
+
+    if args.threads > 0:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    settings = ServerSettings(
+        host=args.host, port=args.port, api_keys=_comma_list(args.api_key),
+        cors_origins=_comma_list(args.cors_origins) or ("*",), alias=args.alias,
+        sampling_defaults=_sampling_defaults(args), n_predict=args.n_predict, n_keep=args.keep,
+        slots_endpoint=not args.no_slots, metrics=args.metrics,
+        sse_ping_interval=args.sse_ping_interval, timeout=args.timeout,
+    )
+    options = EngineOptions(n_ctx=args.ctx_size, n_parallel=args.parallel, n_batch=args.batch_size,
+                            n_ubatch=args.ubatch_size, queue_size=args.queue_size,
+                            context_shift=args.context_shift)
+
+    def load():
+        _say(f"loading model {args.model}")
+        loaded = lamplight.load(args.model, chat_template=args.chat_template,
+                                chat_template_file=args.chat_template_file, progress=_say)
+        engine = build_engine(loaded, options)
+        _say(f"model {loaded.name} ready: {engine.n_parallel} slots of {engine.n_ctx_slot} tokens")
+        return loaded, engine
+
+    _say(f"listening on http://{args.host}:{args.port}")
+    return serve(ServerState(settings), load)
+
+
+def run_pull(args: argparse.Namespace) -> int:
+    from lamplight.sources import ModelSourceError, pull
+
+    try:
+        path = pull(args.alias, progress=_say, force=args.force)
+    except ModelSourceError as exc:
+        print(f"lamplight pull: error: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from lamplight.bench import add_arguments as add_bench_arguments
+
+    parser = argparse.ArgumentParser(prog="lamplight", description="Local LLM inference server for GGUF models.")
+    parser.add_argument("--version", action="version", version=f"lamplight {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add_serve_arguments(commands.add_parser("serve", help="run the HTTP server (llama-server compatible flags)"))
+    pull_parser = commands.add_parser("pull", help="download a built-in model alias into the cache")
+    pull_parser.add_argument("alias", help="e.g. smollm2-135m-instruct")
+    pull_parser.add_argument("--force", action="store_true", help="download again even if cached")
+    pull_parser.set_defaults(handler=run_pull)
+    bench = commands.add_parser("bench", help="benchmark an OpenAI-compatible server")
+    add_bench_arguments(bench)
+    bench.set_defaults(handler=lambda args: args.bench_main(args))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "handler", None) is None:
+        parser.print_help()
+        return 2
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

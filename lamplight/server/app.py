@@ -1,0 +1,50 @@
+"""The FastAPI application: routes, the HTTP policy middleware and llama-server's error shape
+for everything FastAPI would otherwise answer in its own format (404, 405, 422)."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from lamplight import __version__
+
+from . import routes_misc, routes_native, routes_openai
+from .errors import ApiError, invalid_request, not_found
+from .generation import ClientDisconnected
+from .middleware import HttpPolicyMiddleware
+from .state import ServerState
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="lamplight", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.lamplight = state
+    for module in (routes_openai, routes_native, routes_misc):
+        app.include_router(module.router)
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(ClientDisconnected, _client_gone)
+    app.add_middleware(HttpPolicyMiddleware, state=state)
+    return app
+
+
+async def _api_error(request: Request, exc: ApiError) -> Response:
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    # Unknown paths and wrong methods alike: llama-server's router has no route for them.
+    if exc.status_code in (404, 405):
+        return not_found().response()
+    return ApiError(exc.status_code, str(exc.detail)).response()
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+    return invalid_request(str(exc)).response()
+
+
+async def _client_gone(request: Request, exc: ClientDisconnected) -> Response:
+    return Response(status_code=499)  # nobody reads it; the generation is already cancelled

@@ -1,0 +1,87 @@
+"""The path every generating endpoint shares: parse and tokenize off the event loop, submit to the
+engine, then answer with one JSON object or an SSE stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+
+from lamplight.engine.types import FinalEvent
+
+from .chat_prompt import render_chat_prompt
+from .generation import GenerationRun, collect_unless_disconnected
+from .generation_settings import generation_settings, lora_scales
+from .json_io import json_response
+from .params import Endpoint, GenerationParams, parse_generation_params
+from .prompts import tokenize_prompts
+from .response_context import ResponseContext
+from .responses_native import native_final
+from .responses_openai import chat_response, completion_response
+from .sse import stream_response
+from .state import ServerState
+from .stream_formats import ChatStream, CompletionStream, NativeStream, StreamFormat
+
+
+@dataclass
+class PreparedCompletion:
+    params: GenerationParams
+    prompts: list[list[int]]
+
+
+def prepare_completion(state: ServerState, body: dict, endpoint: Endpoint) -> PreparedCompletion:
+    tokenizer = state.model.tokenizer
+    params = parse_generation_params(body, endpoint, state.settings, tokenizer, state.engine.n_parallel)
+    if endpoint is Endpoint.CHAT:
+        text = render_chat_prompt(body, state.model.chat_template)
+        prompts = [tokenizer.encode(text, add_special=True, parse_special=True)]
+    else:
+        prompts = tokenize_prompts(body.get("prompt"), tokenizer)
+    return PreparedCompletion(params, prompts)
+
+
+_STREAM_FORMATS: dict[Endpoint, Callable[[ResponseContext], StreamFormat]] = {
+    Endpoint.NATIVE: NativeStream,
+    Endpoint.COMPLETIONS: CompletionStream,
+    Endpoint.CHAT: ChatStream,
+}
+
+
+def _native_response(ctx: ResponseContext, finals: dict[int, FinalEvent]) -> Any:
+    results = [native_final(ctx, index, final) for index, final in sorted(finals.items())]
+    return results[0] if len(results) == 1 else results
+
+
+_JSON_BUILDERS: dict[Endpoint, Callable[[ResponseContext, dict[int, FinalEvent]], Any]] = {
+    Endpoint.NATIVE: _native_response,
+    Endpoint.COMPLETIONS: completion_response,
+    Endpoint.CHAT: chat_response,
+}
+
+
+async def answer_completion(request: Request, state: ServerState, body: dict, endpoint: Endpoint) -> Response:
+    state.require_ready()
+    prepared = await run_in_threadpool(prepare_completion, state, body, endpoint)
+    ctx = _response_context(state, prepared)
+    run = GenerationRun.submit(state.engine, prepared.params, prepared.prompts, observer=state.metrics)
+    if prepared.params.stream:
+        ping = state.settings.sse_ping_interval
+        return await stream_response(request, run, _STREAM_FORMATS[endpoint](ctx), ping if ping > 0 else None)
+    finals = await collect_unless_disconnected(request, run)
+    return json_response(_JSON_BUILDERS[endpoint](ctx, finals))
+
+
+def _response_context(state: ServerState, prepared: PreparedCompletion) -> ResponseContext:
+    params = prepared.params
+    echo = generation_settings(
+        params.sampling, n_predict=params.n_predict, stop=params.stop, n_keep=params.n_keep,
+        n_discard=params.n_discard, stream=params.stream, timings_per_token=params.timings_per_token,
+        eog_ids=state.model.tokenizer.eog_ids,
+        lora_scales=lora_scales(params.lora, getattr(state.engine, "loras", [])),
+    )
+    return ResponseContext(params=params, prompts=prepared.prompts, model=state.model_name,
+                           fingerprint=state.settings.build_info, tokenizer=state.model.tokenizer,
+                           generation_settings=echo)

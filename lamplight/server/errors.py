@@ -1,0 +1,74 @@
+"""llama-server's error responses: `{"error": {"code", "message", "type", ...}}`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import Response
+
+from lamplight.engine.types import ContextExceededError, EngineError, InvalidRequestError, QueueFullError
+
+from .json_io import json_response
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    500: "server_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
+
+
+class ApiError(Exception):
+    """Raised anywhere in a handler; answered with the error JSON and its HTTP status."""
+
+    def __init__(self, code: int, message: str, type: str | None = None, **extra: Any):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.type = type or ERROR_TYPES.get(code, "server_error")
+        self.extra = extra
+
+    def body(self) -> dict:
+        return {"error": {"code": self.code, "message": self.message, "type": self.type, **self.extra}}
+
+    def response(self) -> Response:
+        return json_response(self.body(), status_code=self.code)
+
+
+def invalid_request(message: str) -> ApiError:
+    return ApiError(400, message)
+
+
+def field_error(name: str, reason: str) -> ApiError:
+    return ApiError(400, f"Field '{name}': {reason}")
+
+
+def not_found() -> ApiError:
+    return ApiError(404, "File Not Found")
+
+
+def model_loading() -> ApiError:
+    return ApiError(503, "Loading model")
+
+
+def invalid_api_key() -> ApiError:
+    return ApiError(401, "Invalid API Key")
+
+
+def not_supported(message: str) -> ApiError:
+    return ApiError(501, message)
+
+
+def from_engine_error(exc: EngineError) -> ApiError:
+    """The HTTP answer to an error `Engine.submit` raised."""
+    if isinstance(exc, ContextExceededError):
+        return ApiError(400, str(exc), "exceed_context_size_error",
+                        n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx)
+    if isinstance(exc, QueueFullError):
+        return ApiError(503, str(exc))
+    if isinstance(exc, InvalidRequestError):
+        return ApiError(400, str(exc))
+    return ApiError(500, str(exc))

@@ -1,0 +1,91 @@
+"""llama-server's pre-routing rules, in its order: CORS headers -> OPTIONS preflight answered ->
+503 while the model loads -> API key. Every response also gets `Server: lamplight`.
+
+A plain ASGI middleware (not BaseHTTPMiddleware) so streaming responses pass straight through.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .errors import ApiError, invalid_api_key, model_loading
+from .state import ServerState
+
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+SERVER_NAME = "lamplight"
+log = logging.getLogger("lamplight.server")
+
+
+class HttpPolicyMiddleware:
+    def __init__(self, app: ASGIApp, state: ServerState):
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_headers = Headers(scope=scope)
+        started = False
+
+        async def send_with_headers(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                headers = MutableHeaders(scope=message)
+                headers["Server"] = SERVER_NAME
+                self._add_cors_headers(headers, request_headers)
+            await send(message)
+
+        try:
+            rejection = self._reject(scope, request_headers)
+            if rejection is not None:
+                await rejection.response()(scope, receive, send_with_headers)
+            elif scope["method"] == "OPTIONS":
+                await self._preflight(scope, receive, send_with_headers, request_headers)
+            else:
+                await self.app(scope, receive, send_with_headers)
+        except Exception as exc:  # the last resort: a JSON 500 instead of a bare connection error
+            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
+            if not started:
+                await ApiError(500, f"{type(exc).__name__}: {exc}").response()(scope, receive, send_with_headers)
+
+    def _reject(self, scope: Scope, headers: Headers) -> ApiError | None:
+        if scope["method"] == "OPTIONS":
+            return None
+        if not self.state.ready:
+            return model_loading()
+        if self.state.settings.api_keys and scope["path"] not in PUBLIC_PATHS and not self._authorized(headers):
+            return invalid_api_key()
+        return None
+
+    def _authorized(self, headers: Headers) -> bool:
+        """`Authorization: Bearer <key>` (OpenAI) or `X-Api-Key: <key>` (Anthropic)."""
+        authorization = headers.get("authorization", "")
+        given = [headers.get("x-api-key", "")]
+        if authorization[:7].lower() == "bearer ":
+            given.append(authorization[7:].strip())
+        return any(hmac.compare_digest(candidate.encode(), key.encode())
+                   for candidate in given if candidate for key in self.state.settings.api_keys)
+
+    def _add_cors_headers(self, headers: MutableHeaders, request_headers: Headers) -> None:
+        origin = request_headers.get("origin")
+        if origin and self.state.settings.origin_allowed(origin):
+            headers["Access-Control-Allow-Origin"] = origin
+            headers["Access-Control-Allow-Credentials"] = "true"
+            headers.append("Vary", "Origin")
+
+    async def _preflight(self, scope: Scope, receive: Receive, send: Send, request_headers: Headers) -> None:
+        from starlette.responses import Response
+
+        allow_headers = request_headers.get("access-control-request-headers") or "*"
+        response = Response(status_code=200, headers={
+            "Access-Control-Allow-Methods": "GET, POST",
+            "Access-Control-Allow-Headers": allow_headers,
+            "Access-Control-Max-Age": "86400",
+        })
+        await response(scope, receive, send)

@@ -1,0 +1,113 @@
+"""OpenAI-compatible result objects and stream chunks, key for key as llama-server writes them."""
+
+from __future__ import annotations
+
+from lamplight.engine.types import FinalEvent, Timings
+from lamplight.sampling import TokenProbs
+
+from .probs import openai_logprobs
+from .response_context import ResponseContext
+
+
+def _logprobs(ctx: ResponseContext, probs: list[TokenProbs | None]) -> dict | None:
+    if not ctx.params.logprobs:
+        return None
+    return openai_logprobs(probs, ctx.tokenizer, ctx.params.top_logprobs)
+
+
+def _first_timings(finals: dict[int, FinalEvent]) -> dict:
+    return finals[min(finals)].timings.to_json()
+
+
+# -- /v1/completions --------------------------------------------------------------------------
+
+def completion_response(ctx: ResponseContext, finals: dict[int, FinalEvent]) -> dict:
+    choices = [
+        {"text": final.content, "index": index, "logprobs": _logprobs(ctx, list(final.probs)),
+         "finish_reason": final.finish_reason}
+        for index, final in sorted(finals.items())
+    ]
+    return {
+        "choices": choices,
+        "created": ctx.created,
+        "model": ctx.model,
+        "system_fingerprint": ctx.fingerprint,
+        "object": "text_completion",
+        "usage": ctx.usage(finals),
+        "id": ctx.id,
+        "timings": _first_timings(finals),
+    }
+
+
+def completion_chunk(ctx: ResponseContext, index: int, text: str, prob: TokenProbs | None = None,
+                     finish_reason: str | None = None) -> dict:
+    return {
+        "choices": [{"text": text, "index": index, "logprobs": _logprobs(ctx, [prob]),
+                     "finish_reason": finish_reason}],
+        "created": ctx.created,
+        "model": ctx.model,
+        "system_fingerprint": ctx.fingerprint,
+        "object": "text_completion",
+        "id": ctx.id,
+    }
+
+
+def completion_final_chunk(ctx: ResponseContext, index: int, final: FinalEvent, unsent_text: str) -> dict:
+    chunk = completion_chunk(ctx, index, unsent_text, finish_reason=final.finish_reason)
+    chunk["usage"] = ctx.usage({index: final})
+    chunk["id"] = chunk.pop("id")  # llama-server's key order: ..., usage, id, timings
+    chunk["timings"] = final.timings.to_json()
+    return chunk
+
+
+# -- /v1/chat/completions ---------------------------------------------------------------------
+
+def chat_response(ctx: ResponseContext, finals: dict[int, FinalEvent]) -> dict:
+    choices = []
+    for index, final in sorted(finals.items()):
+        choice = {"finish_reason": final.finish_reason, "index": index,
+                  "message": {"role": "assistant", "content": final.content}}
+        logprobs = _logprobs(ctx, list(final.probs))
+        if logprobs is not None:
+            choice["logprobs"] = logprobs
+        choices.append(choice)
+    return {
+        "choices": choices,
+        "created": ctx.created,
+        "model": ctx.model,
+        "system_fingerprint": ctx.fingerprint,
+        "object": "chat.completion",
+        "usage": ctx.usage(finals),
+        "id": ctx.id,
+        "timings": _first_timings(finals),
+    }
+
+
+def chat_chunk(ctx: ResponseContext, choices: list[dict]) -> dict:
+    return {
+        "choices": choices,
+        "created": ctx.created,
+        "id": ctx.id,
+        "model": ctx.model,
+        "system_fingerprint": ctx.fingerprint,
+        "object": "chat.completion.chunk",
+    }
+
+
+def chat_delta_chunk(ctx: ResponseContext, index: int, delta: dict, prob: TokenProbs | None = None) -> dict:
+    choice = {"finish_reason": None, "index": index, "delta": delta}
+    logprobs = _logprobs(ctx, [prob])
+    if logprobs is not None:
+        choice["logprobs"] = logprobs
+    return chat_chunk(ctx, [choice])
+
+
+def chat_finish_chunk(ctx: ResponseContext, index: int, final: FinalEvent) -> dict:
+    return chat_chunk(ctx, [{"finish_reason": final.finish_reason, "index": index, "delta": {}}])
+
+
+def chat_usage_chunk(ctx: ResponseContext, finals: dict[int, FinalEvent], timings: Timings) -> dict:
+    chunk = chat_chunk(ctx, [])
+    chunk["usage"] = ctx.usage(finals)
+    chunk["timings"] = timings.to_json()
+    return chunk

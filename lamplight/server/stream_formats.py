@@ -1,0 +1,194 @@
+"""Engine events -> the SSE payloads of each endpoint (semantics doc 3.6).
+
+One formatter per streamed request; it remembers what each choice has streamed so far.
+"""
+
+from __future__ import annotations
+
+import time
+
+from lamplight.engine.types import Event, FinalEvent, PromptProgress, Timings, TokenEvent
+
+from .responses_native import native_final, native_partial, native_progress, progress_json
+from .responses_openai import (
+    chat_chunk,
+    chat_delta_chunk,
+    chat_finish_chunk,
+    chat_usage_chunk,
+    completion_chunk,
+    completion_final_chunk,
+)
+from .response_context import ResponseContext
+
+DONE = "[DONE]"
+Payload = dict | str
+
+
+class ChoiceClock:
+    """Running timings of one choice for `timings_per_token` chunks (the engine only times finals)."""
+
+    def __init__(self, n_prompt: int, t_start: float):
+        self.n_prompt = n_prompt
+        self.cache_n = 0
+        self.prompt_n = 0
+        self.t_start = t_start
+        self.t_first_token: float | None = None
+        self.prompt_ms = 0.0
+        self.n_decoded = 0
+
+    def on_progress(self, progress: PromptProgress) -> None:
+        self.cache_n = progress.cache
+        self.prompt_n = progress.processed - progress.cache
+        self.prompt_ms = progress.time_ms
+
+    def on_token(self, event: TokenEvent) -> None:
+        now = time.perf_counter()
+        if self.t_first_token is None:
+            self.t_first_token = now
+            self.prompt_ms = (now - self.t_start) * 1e3
+            self.prompt_n = self.n_prompt - self.cache_n
+        self.n_decoded = event.n_decoded
+
+    def timings(self) -> Timings:
+        predicted_ms = (time.perf_counter() - self.t_first_token) * 1e3 if self.t_first_token else 0.0
+        return Timings(self.cache_n, self.prompt_n, self.prompt_ms, self.n_decoded, predicted_ms)
+
+
+class StreamFormat:
+    def __init__(self, ctx: ResponseContext):
+        self.ctx = ctx
+        self.t_start = time.perf_counter()  # made right after the request was submitted
+        self.streamed: dict[int, str] = {}
+        self.finals: dict[int, FinalEvent] = {}
+        self._clocks: dict[int, ChoiceClock] = {}
+
+    def on_event(self, index: int, event: Event) -> list[Payload]:
+        if isinstance(event, PromptProgress):
+            self._clock(index).on_progress(event)
+            return self.on_progress(index, event)
+        if isinstance(event, TokenEvent):
+            self._clock(index).on_token(event)
+            self.streamed[index] = self.streamed.get(index, "") + event.text
+            return self.on_token(index, event)
+        if isinstance(event, FinalEvent):
+            self.finals[index] = event
+            return self.on_final(index, event, self._unsent(index, event))
+        return []
+
+    def on_progress(self, index: int, progress: PromptProgress) -> list[Payload]:
+        return []
+
+    def on_token(self, index: int, event: TokenEvent) -> list[Payload]:
+        raise NotImplementedError
+
+    def on_final(self, index: int, final: FinalEvent, unsent: str) -> list[Payload]:
+        raise NotImplementedError
+
+    def on_end(self) -> list[Payload]:
+        return []
+
+    def running_timings(self, index: int, event: Event | None = None) -> Timings | None:
+        """Timings for `timings_per_token` chunks: the engine's when it sends them, else our clock's."""
+        if not self.ctx.params.timings_per_token:
+            return None
+        return getattr(event, "timings", None) or self._clock(index).timings()
+
+    def _with_timings(self, payload: dict, index: int, event: Event) -> dict:
+        timings = self.running_timings(index, event)
+        if timings is not None:
+            payload["timings"] = timings.to_json()
+        return payload
+
+    def _clock(self, index: int) -> ChoiceClock:
+        if index not in self._clocks:
+            self._clocks[index] = ChoiceClock(len(self.ctx.prompt_of(index)), self.t_start)
+        return self._clocks[index]
+
+    def _unsent(self, index: int, final: FinalEvent) -> str:
+        """Text the final result has that no token event carried (normally none)."""
+        streamed = self.streamed.get(index, "")
+        return final.content[len(streamed):] if final.content.startswith(streamed) else ""
+
+
+class NativeStream(StreamFormat):
+    """/completion: partial objects, then the final object; no [DONE]."""
+
+    def on_progress(self, index: int, progress: PromptProgress) -> list[Payload]:
+        return [native_progress(self.ctx, index, progress, self.running_timings(index, progress))]
+
+    def on_token(self, index: int, event: TokenEvent) -> list[Payload]:
+        return [native_partial(self.ctx, index, event, self.running_timings(index, event))]
+
+    def on_final(self, index: int, final: FinalEvent, unsent: str) -> list[Payload]:
+        return [native_final(self.ctx, index, final, streamed_text=self.streamed.get(index, ""))]
+
+
+class CompletionStream(StreamFormat):
+    """/v1/completions: text chunks, a final chunk with usage and timings, then [DONE]."""
+
+    def on_progress(self, index: int, progress: PromptProgress) -> list[Payload]:
+        chunk = self._with_timings(completion_chunk(self.ctx, index, ""), index, progress)
+        chunk["prompt_progress"] = progress_json(progress)
+        return [chunk]
+
+    def on_token(self, index: int, event: TokenEvent) -> list[Payload]:
+        if not event.text and event.prob is None:
+            return []
+        return [self._with_timings(completion_chunk(self.ctx, index, event.text, event.prob), index, event)]
+
+    def on_final(self, index: int, final: FinalEvent, unsent: str) -> list[Payload]:
+        return [completion_final_chunk(self.ctx, index, final, unsent)]
+
+    def on_end(self) -> list[Payload]:
+        return [DONE]
+
+
+class ChatStream(StreamFormat):
+    """/v1/chat/completions: a role delta, content deltas, a finish chunk per choice, an optional
+    usage chunk (`stream_options.include_usage`), then [DONE]. Timings go on the last chunk."""
+
+    def __init__(self, ctx: ResponseContext):
+        super().__init__(ctx)
+        self._role_sent: set[int] = set()
+
+    def on_progress(self, index: int, progress: PromptProgress) -> list[Payload]:
+        delta = self._role_delta(index) or {}
+        chunk = self._with_timings(chat_chunk(self.ctx, [{"finish_reason": None, "index": index, "delta": delta}]),
+                                   index, progress)
+        chunk["prompt_progress"] = progress_json(progress)
+        return [chunk]
+
+    def on_token(self, index: int, event: TokenEvent) -> list[Payload]:
+        payloads = self._role_chunk(index)
+        if event.text or event.prob is not None:
+            delta = {"content": event.text} if event.text else {}
+            payloads.append(self._with_timings(chat_delta_chunk(self.ctx, index, delta, event.prob), index, event))
+        return payloads
+
+    def on_final(self, index: int, final: FinalEvent, unsent: str) -> list[Payload]:
+        payloads = self._role_chunk(index)
+        if unsent:
+            payloads.append(chat_delta_chunk(self.ctx, index, {"content": unsent}))
+        finish = chat_finish_chunk(self.ctx, index, final)
+        if not self.ctx.params.include_usage:
+            finish["timings"] = final.timings.to_json()
+        payloads.append(finish)
+        return payloads
+
+    def on_end(self) -> list[Payload]:
+        if self.ctx.params.include_usage and self.finals:
+            first = self.finals[min(self.finals)]
+            return [chat_usage_chunk(self.ctx, self.finals, first.timings), DONE]
+        return [DONE]
+
+    def _role_delta(self, index: int) -> dict | None:
+        if index in self._role_sent:
+            return None
+        self._role_sent.add(index)
+        return {"role": "assistant", "content": None}
+
+    def _role_chunk(self, index: int) -> list[Payload]:
+        delta = self._role_delta(index)
+        if delta is None:
+            return []
+        return [chat_chunk(self.ctx, [{"finish_reason": None, "index": index, "delta": delta}])]
