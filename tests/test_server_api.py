@@ -428,3 +428,13 @@ def test_openai_client(oai):
     with pytest.raises(openai.BadRequestError) as info:
         oai.chat.completions.create(model="tiny", messages=CHAT, top_p=3)
     assert "top_p" in str(info.value)
+
+
+def test_slots_match_llama_server_example_after_a_task(client):
+    for slot in range(4):
+        client.post("/completion", json={"prompt": "hi", "n_predict": 2, "id_slot": slot, "ignore_eos": True})
+    ours = client.get("/slots").json()
+    theirs = EXAMPLES["slots"]["response"]
+    for entry in ours:
+        assert entry["is_processing"] is False
+        assert_same_shape(entry, theirs[0])

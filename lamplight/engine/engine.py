@@ -50,6 +50,7 @@ class Slot:
         self.last_used = 0.0
         self.n_prompt_tokens = 0
         self.id_task = -1
+        self.settings: dict | None = None  # the last request's generation_settings (for /slots)
 
     @property
     def is_idle(self) -> bool:
@@ -213,31 +214,37 @@ class Engine:
             adapter.scale = float(new.get(i, 0.0))
 
     def slots_json(self) -> list[dict]:
-        out = []
-        for slot in self.slots:
-            seq = slot.seq
-            entry = {
-                "id": slot.id,
-                "n_ctx": self.n_ctx_slot,
-                "speculative": False,
-                "is_processing": seq is not None,
-                "id_task": slot.id_task,
-                "n_prompt_tokens": slot.n_prompt_tokens,
-                "n_cached_tokens": len(slot.cached_tokens),
-            }
-            if seq is not None:
-                entry["n_prompt_tokens_processed"] = seq.n_computed
-                entry["n_prompt_tokens_cache"] = seq.n_cached
-                entry["next_token"] = [
-                    {
-                        "has_next_token": seq.state != SeqState.DONE,
-                        "has_new_line": "\n" in seq.text,
-                        "n_remain": seq.request.n_predict - len(seq.generated) if seq.request.n_predict >= 0 else -1,
-                        "n_decoded": len(seq.generated),
-                    }
-                ]
-            out.append(entry)
-        return out
+        """GET /slots: one entry per slot, shaped like llama-server's."""
+        return [self._slot_json(slot) for slot in self.slots]
+
+    # Keys of generation_settings that llama-server leaves out of /slots params.
+    _SLOT_PARAMS_OMIT = ("grammar", "grammar_lazy", "grammar_triggers", "preserved_tokens", "stop", "logit_bias", "dry_sequence_breakers")
+
+    def _slot_json(self, slot: Slot) -> dict:
+        seq = slot.seq
+        entry = {
+            "id": slot.id,
+            "n_ctx": self.n_ctx_slot,
+            "speculative": False,
+            "is_processing": seq is not None,
+            "id_task": slot.id_task,
+            "n_prompt_tokens": slot.n_prompt_tokens,
+            "n_prompt_tokens_processed": seq.n_computed - seq.n_cached if seq else 0,
+            "n_prompt_tokens_cache": seq.n_cached if seq else 0,
+        }
+        settings = slot.settings
+        if settings is not None:
+            entry["params"] = {k: v for k, v in settings.items() if k not in self._SLOT_PARAMS_OMIT}
+        if seq is not None or settings is not None:
+            entry["next_token"] = [
+                {
+                    "has_next_token": seq is not None and seq.state != SeqState.DONE,
+                    "has_new_line": seq is not None and "\n" in seq.text,
+                    "n_remain": seq.request.n_predict - len(seq.generated) if seq and seq.request.n_predict >= 0 else -1,
+                    "n_decoded": len(seq.generated) if seq else 0,
+                }
+            ]
+        return entry
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -387,6 +394,7 @@ class Engine:
             slot.seq = seq
             slot.id_task = handle.task_id
             slot.n_prompt_tokens = seq.n_prompt
+            slot.settings = request.settings
             handle.sequences.append(seq)
             if choice == 0:
                 self._reuse_prefix(slot, seq, request)

@@ -174,7 +174,7 @@ class Sequence:
         upto = max(upto, self.sent)
         piece = self.text[self.sent : upto]
         self.sent = upto
-        return TokenEvent(self.choice, token_id, piece, len(self.generated), prob)
+        return TokenEvent(self.choice, token_id, piece, len(self.generated), prob, self.timings())
 
     def finish_without_token(self, stop_type: str, truncated: bool = False) -> None:
         """End before any (further) token: n_predict 0, or the context is full before a decode."""
@@ -184,16 +184,19 @@ class Sequence:
 
     # -- results -------------------------------------------------------------------------------
 
-    def final_event(self) -> FinalEvent:
+    def timings(self) -> Timings:
         end_prompt = self.t_prompt_end or time.perf_counter()
         end = self.t_last or end_prompt
-        timings = Timings(
+        return Timings(
             cache_n=self.n_cached,
             prompt_n=self.n_prompt - self.n_cached,
             prompt_ms=(end_prompt - self.t_prompt_start) * 1e3,
             predicted_n=len(self.generated),
             predicted_ms=(end - end_prompt) * 1e3,
         )
+
+    def final_event(self) -> FinalEvent:
+        timings = self.timings()
         probs = tuple(self.probs)
         if self.stop_type == "word" and probs:
             # llama.cpp drops the probs of the tokens that spelled the stop word.

@@ -46,6 +46,9 @@ class GenerationRequest:
     # Per-request LoRA scales as (adapter id, scale); adapters not listed get 0. None: the server's.
     lora: list[tuple[int, float]] | None = None
     t_max_predict_ms: float = -1.0
+    # The request's effective parameters as the server reports them (generation_settings); the
+    # engine only echoes them in /slots.
+    settings: dict | None = None
     # Opaque per-request data a caller may attach (e.g. the HTTP task id).
     tag: Any = None
 
@@ -68,6 +71,7 @@ class TokenEvent:
     text: str
     n_decoded: int
     prob: TokenProbs | None = None  # when n_probs > 0 (lamplight.sampling.TokenProbs)
+    timings: "Timings | None" = None  # the choice's timings so far (for timings_per_token)
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,9 @@ class Timings:
         def per_second(ms: float, n: int) -> float:
             return 1e3 * n / ms if ms > 0 and n > 0 else 0.0
 
+        # As llama-server (HEAD): the first token comes from the prompt batch, so generation rates
+        # are over n - 1 decode steps, measured from the end of the prompt to the last token.
+        decode_steps = max(self.predicted_n - 1, 0)
         return {
             "cache_n": self.cache_n,
             "prompt_n": self.prompt_n,
@@ -93,8 +100,8 @@ class Timings:
             "prompt_per_second": per_second(self.prompt_ms, self.prompt_n),
             "predicted_n": self.predicted_n,
             "predicted_ms": self.predicted_ms,
-            "predicted_per_token_ms": per_token(self.predicted_ms, self.predicted_n),
-            "predicted_per_second": per_second(self.predicted_ms, self.predicted_n),
+            "predicted_per_token_ms": per_token(self.predicted_ms, decode_steps),
+            "predicted_per_second": per_second(self.predicted_ms, decode_steps),
         }
 
 

@@ -66,6 +66,7 @@ async def answer_completion(request: Request, state: ServerState, body: dict, en
     state.require_ready()
     prepared = await run_in_threadpool(prepare_completion, state, body, endpoint)
     ctx = _response_context(state, prepared)
+    prepared.params.settings_echo = ctx.generation_settings
     run = GenerationRun.submit(state.engine, prepared.params, prepared.prompts, observer=state.metrics)
     if prepared.params.stream:
         ping = state.settings.sse_ping_interval

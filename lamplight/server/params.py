@@ -88,6 +88,7 @@ class GenerationParams:
     lora: list[tuple[int, float]] | None = None  # None: the server's adapter scales
     logprobs: bool = False  # OpenAI answers carry `logprobs`
     top_logprobs: int | None = None  # chat: alternatives shown per token (n_probs may be 1 more)
+    settings_echo: dict | None = None  # generation_settings, echoed by the engine in /slots
 
     @property
     def n_probs(self) -> int:
@@ -107,6 +108,7 @@ class GenerationParams:
             n_keep=self.n_keep,
             lora=self.lora,
             t_max_predict_ms=self.t_max_predict_ms,
+            settings=self.settings_echo,
         )
 
 
