@@ -1,0 +1,73 @@
+"""llama.cpp's sampler chain, batch-first, in PyTorch (CPU or CUDA).
+
+The engine's whole interface:
+
+    params = SamplingParams(temperature=0.7, top_k=20, seed=effective_seed(request_seed), ...)
+    params.validate()                                   # ValueError("<field>: <reason>")
+    sampler = SequenceSampler(params, tokenizer=tok, n_ctx=slot_ctx, choice_index=i, eog_ids=eogs)
+    sampler.accept_many(prompt_ids)                     # history for penalties / DRY
+    result = sample_batch(logits, [sampler, ...], allowed_mask=None)   # logits: [B, V]
+    sampler.accept(result.token_ids[row])               # the engine, once it keeps the token
+    result.probs[row]                                   # TokenProbs when params.n_probs > 0
+
+Helpers for the HTTP layer: `parse_samplers` (names, aliases or letters -> canonical names),
+`resolve_logit_bias` (array or object form -> (id, bias) pairs), `effective_seed` (-1 -> random).
+
+Order, as llama.cpp (common_sampler_init): grammar mask -> logit_bias (+ ignore_eos bans) -> the
+row's `samplers` list (default penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc,
+temperature) -> the draw. With mirostat 1/2 the list is replaced by temperature -> mirostat.
+Temperature <= 0 keeps only the best token at the temperature step (greedy). dynatemp_range > 0
+makes the temperature step llama.cpp's temp_ext.
+
+Batching: each step runs once for all the rows that use it, with per-row parameter tensors;
+a sampler no row uses is skipped, and a sampler a row's parameters disable is an identity for
+that row. Candidates are never dropped from the [B, V] tensor: a removed token's logit is -inf.
+After a top_k the chain remembers each row's candidate ids, so the later samplers work on
+[B, k] gathers instead of the vocabulary (truncation.Hint). Only DRY's match search and the
+penalty counts run per row in Python, on incremental state.
+
+Randomness: no shared generator. The draw and XTC's coin use counter_uniform(seed, number of
+generated tokens, choice index, purpose), so a seed gives the same tokens whatever else is in the
+batch and whichever row it is in. The draw is an inverse-CDF over the final distribution in
+vocabulary order. Equal logits are ordered by ascending token id wherever order decides (top_k,
+top_p, typical, min_keep, XTC, greedy), so results do not depend on the sort algorithm. (Kernels
+on differently shaped batches may round a probability differently in the last bit; that flips a
+token only when a uniform falls within ~1e-7 of a CDF boundary. The model's own logits vary more
+with the batch than that.)
+
+Modules: params (SamplingParams, parse_samplers, effective_seed), sequence (SequenceSampler),
+chain (run_chain, sample_batch), logit_bias, penalties, dry, truncation (top_k, top_p, min_p,
+typical, top_n_sigma), xtc, temperature (incl. dynatemp), mirostat, probs (n_probs), rng,
+bench (`python -m lamplight.sampling.bench`).
+
+Where this differs from llama.cpp on purpose (llama.cpp keeps -inf candidates in its array):
+* a -inf candidate is no candidate: typical_p's entropy skips it (llama.cpp's 0*log 0 = NaN
+  turns the filter into a plain cumulative cut), dynatemp's maximum entropy is log(number of
+  finite candidates), XTC's and the filters' min_keep count finite candidates only;
+* duplicate logit_bias entries always add up (llama.cpp: only when the array is in vocab order,
+  which it always is in llama-server);
+* greedy keeps the lowest id among equal maxima (llama.cpp: the first in its array, which is
+  vocabulary order unless a sorting sampler ran before);
+* validation is strict where llama.cpp clamps or ignores (see SamplingParams.validate), and
+  resolve_logit_bias rejects entries llama.cpp skips silently (including a `true` bias).
+"""
+
+from .chain import SampleResult, run_chain, sample_batch
+from .logit_bias import resolve_logit_bias
+from .params import DEFAULT_SAMPLERS, SamplingParams, effective_seed, parse_samplers
+from .probs import TokenProb, TokenProbs
+from .sequence import SequenceSampler
+
+__all__ = [
+    "DEFAULT_SAMPLERS",
+    "SampleResult",
+    "SamplingParams",
+    "SequenceSampler",
+    "TokenProb",
+    "TokenProbs",
+    "effective_seed",
+    "parse_samplers",
+    "resolve_logit_bias",
+    "run_chain",
+    "sample_batch",
+]

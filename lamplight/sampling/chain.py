@@ -1,0 +1,401 @@
+"""The batched chain: grammar mask -> logit_bias -> each row's samplers -> the draw."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from . import mirostat, temperature, truncation
+from .dry import apply_dry
+from .logit_bias import apply_logit_bias
+from .penalties import apply_penalties
+from .probs import TokenProbs, final_token_probs, raw_token_probs
+from .sequence import SequenceSampler
+from .truncation import SMALL_WIDTH, count_candidates
+from .xtc import xtc
+
+logger = logging.getLogger(__name__)
+
+NEG_INF = float("-inf")
+
+# Called after each step with the step's name, the rows it ran on and the whole logits tensor.
+StepObserver = Callable[[str, list[int], torch.Tensor], None]
+
+
+@dataclass
+class SampleResult:
+    token_ids: list[int]
+    probs: list[TokenProbs | None]  # per row; None where the row asked for no n_probs
+
+
+def sample_batch(
+    logits: torch.Tensor,
+    samplers: Sequence[SequenceSampler],
+    allowed_mask: torch.Tensor | None = None,
+) -> SampleResult:
+    """Sample one token per row of `logits` [B, V], row i with `samplers[i]`.
+
+    `allowed_mask` [B, V] (bool, optional) comes from a grammar: False entries are removed before
+    the chain. The samplers' state is not advanced: the engine calls `accept(token)` on each
+    row's SequenceSampler once it keeps the token.
+    """
+    if logits.dim() != 2 or logits.shape[0] != len(samplers):
+        raise ValueError(f"logits must be [len(samplers), n_vocab], got {tuple(logits.shape)}")
+    if not samplers:
+        return SampleResult([], [])
+    state = _run_chain(logits, samplers, allowed_mask)
+    distribution = _FinalDistribution.of(state)
+    tokens = distribution.draw([s.draw_uniform() for s in samplers])
+    tokens = _fallback_for_empty_rows(tokens, distribution, logits, allowed_mask)
+    _propose_mirostat_mu(distribution, tokens, samplers)
+    return SampleResult(tokens, _token_probs(logits, distribution, tokens, samplers))
+
+
+def run_chain(
+    logits: torch.Tensor,
+    samplers: Sequence[SequenceSampler],
+    allowed_mask: torch.Tensor | None = None,
+    on_step: StepObserver | None = None,
+) -> torch.Tensor:
+    """The logits the draw samples from: a new float32 tensor, removed candidates at -inf."""
+    return _run_chain(logits, samplers, allowed_mask, on_step).work
+
+
+def _run_chain(
+    logits: torch.Tensor,
+    samplers: Sequence[SequenceSampler],
+    allowed_mask: torch.Tensor | None,
+    on_step: StepObserver | None = None,
+) -> _ChainState:
+    work = logits.detach().to(torch.float32, copy=True)
+    if allowed_mask is not None:
+        truncation.keep_only(work, allowed_mask)
+    biased = [row for row, sampler in enumerate(samplers) if sampler.logit_bias]
+    if biased:
+        apply_logit_bias(work, biased, [samplers[row].logit_bias for row in biased])
+        if on_step is not None:
+            on_step("logit_bias", biased, work)
+    state = _ChainState(work, len(samplers))
+    for position in range(max(len(sampler.program) for sampler in samplers)):
+        for name, rows in _rows_by_step(samplers, position).items():
+            _STEPS[name](_Group(state, rows, [samplers[row] for row in rows]))
+            if on_step is not None:
+                on_step(name, rows, work)
+    return state
+
+
+def _rows_by_step(samplers: Sequence[SequenceSampler], position: int) -> dict[str, list[int]]:
+    """Rows grouped by the sampler at `position` of their program; rows where it is off are left out."""
+    groups: dict[str, list[int]] = {}
+    for row, sampler in enumerate(samplers):
+        if position < len(sampler.program) and sampler.program[position] is not None:
+            groups.setdefault(sampler.program[position], []).append(row)
+    return groups
+
+
+class _ChainState:
+    """What the steps learn about the rows' candidates: an upper bound on how many each row has
+    and, after a top_k, a list of ids per row that covers all of them."""
+
+    def __init__(self, work: torch.Tensor, n_rows: int) -> None:
+        self.work = work
+        self.bounds = [work.shape[1]] * n_rows
+        self.candidate_ids: torch.Tensor | None = None  # [n_rows, w]; valid for covered rows
+        self.covered = [False] * n_rows
+
+    def cover(self, rows: list[int], ids: torch.Tensor | None) -> None:
+        if ids is None:
+            return
+        if self.candidate_ids is None or self.candidate_ids.shape[1] != ids.shape[1]:
+            self.candidate_ids = torch.zeros(len(self.covered), ids.shape[1], dtype=ids.dtype, device=ids.device)
+            self.covered = [False] * len(self.covered)
+        self.candidate_ids[torch.tensor(rows, device=ids.device)] = ids
+        for row in rows:
+            self.covered[row] = True
+
+    def candidates_for(self, rows: list[int]) -> torch.Tensor | None:
+        if self.candidate_ids is None or not all(self.covered[row] for row in rows):
+            return None
+        if len(rows) == len(self.covered):
+            return self.candidate_ids
+        return self.candidate_ids[torch.tensor(rows, device=self.work.device)]
+
+
+@dataclass
+class _Group:
+    """The rows one step runs on, with their samplers."""
+
+    state: _ChainState
+    rows: list[int]
+    samplers: list[SequenceSampler]
+
+    @property
+    def work(self) -> torch.Tensor:
+        return self.state.work
+
+    def params(self, name: str) -> list:
+        return [getattr(s.params, name) for s in self.samplers]
+
+    def subset(self, keep: list[bool]) -> _Group:
+        rows = [row for row, k in zip(self.rows, keep) if k]
+        return _Group(self.state, rows, [s for s, k in zip(self.samplers, keep) if k])
+
+    def split_by_coverage(self) -> list[_Group]:
+        """Rows with a candidate list and rows without, as separate groups (empty ones left out)."""
+        covered = [self.state.covered[row] for row in self.rows]
+        groups = [self.subset(covered), self.subset([not c for c in covered])]
+        return [group for group in groups if group.rows]
+
+    def hint(self) -> truncation.Hint:
+        """Where these rows' candidates are; counts them (one pass) when nothing better is known."""
+        ids = self.state.candidates_for(self.rows)
+        if ids is not None:
+            return truncation.Hint(ids=ids)
+        width = max(self.state.bounds[row] for row in self.rows)
+        if width > SMALL_WIDTH:
+            counts = count_candidates(self._rows_view()).tolist()
+            self.limit(counts)
+            width = max(self.state.bounds[row] for row in self.rows)
+        return truncation.Hint(width=width)
+
+    def limit(self, bounds: Sequence[int]) -> None:
+        for row, bound in zip(self.rows, bounds):
+            self.state.bounds[row] = min(self.state.bounds[row], max(bound, 1))
+
+    def apply(self, operation: Callable[[torch.Tensor], object]) -> object:
+        """Run an in-place [rows, V] operation on these rows (no copy when they are all rows)."""
+        if len(self.rows) == self.work.shape[0]:
+            return operation(self.work)
+        index = torch.tensor(self.rows, device=self.work.device)
+        sub = self.work.index_select(0, index)
+        result = operation(sub)
+        self.work.index_copy_(0, index, sub)
+        return result
+
+    def _rows_view(self) -> torch.Tensor:
+        if len(self.rows) == self.work.shape[0]:
+            return self.work
+        return self.work.index_select(0, torch.tensor(self.rows, device=self.work.device))
+
+
+def _step_penalties(group: _Group) -> None:
+    apply_penalties(
+        group.work,
+        group.rows,
+        [s.penalty_window for s in group.samplers],
+        group.params("repeat_penalty"),
+        group.params("frequency_penalty"),
+        group.params("presence_penalty"),
+    )
+
+
+def _step_dry(group: _Group) -> None:
+    apply_dry(group.work, group.rows, [s.dry for s in group.samplers])
+
+
+def _step_top_n_sigma(group: _Group) -> None:
+    group.apply(lambda sub: truncation.top_n_sigma(sub, group.params("top_n_sigma")))
+
+
+def _step_top_k(group: _Group) -> None:
+    k = group.params("top_k")
+    group.state.cover(group.rows, group.apply(lambda sub: truncation.top_k(sub, k)))
+    group.limit(k)
+
+
+def _per_coverage(step: Callable[[_Group, truncation.Hint], None]) -> Callable[[_Group], None]:
+    """Run `step` separately on the rows that have a candidate list and on those that do not."""
+
+    def run(group: _Group) -> None:
+        for part in group.split_by_coverage():
+            step(part, part.hint())
+
+    return run
+
+
+@_per_coverage
+def _step_typical(group: _Group, hint: truncation.Hint) -> None:
+    p, min_keep = group.params("typical_p"), group.params("min_keep")
+    group.apply(lambda sub: truncation.typical(sub, p, min_keep, hint))
+
+
+@_per_coverage
+def _step_top_p(group: _Group, hint: truncation.Hint) -> None:
+    p, min_keep = group.params("top_p"), group.params("min_keep")
+    group.apply(lambda sub: truncation.top_p(sub, p, min_keep, hint))
+
+
+@_per_coverage
+def _step_min_p(group: _Group, hint: truncation.Hint) -> None:
+    p, min_keep = group.params("min_p"), group.params("min_keep")
+    group.apply(lambda sub: truncation.min_p(sub, p, min_keep, hint))
+
+
+def _step_xtc(group: _Group) -> None:
+    _xtc_triggered(group.subset([s.xtc_triggered() for s in group.samplers]))
+
+
+@_per_coverage
+def _xtc_triggered(group: _Group, hint: truncation.Hint) -> None:
+    threshold, min_keep = group.params("xtc_threshold"), group.params("min_keep")
+    group.apply(lambda sub: xtc(sub, threshold, min_keep, hint))
+
+
+def _step_temperature(group: _Group) -> None:
+    # Mirostat uses plain temperature: dynatemp is part of the sampler list it replaces.
+    dynamic = [s.params.dynatemp_range > 0 and not s.mirostat for s in group.samplers]
+    temperatures = group.params("temperature")
+    _greedy(group.subset([not d and t <= 0 for d, t in zip(dynamic, temperatures)]))
+    _scale(group.subset([not d and t > 0 and t != 1.0 for d, t in zip(dynamic, temperatures)]))
+    _dynamic_temperature(group.subset(dynamic))
+
+
+@_per_coverage
+def _greedy(group: _Group, hint: truncation.Hint) -> None:
+    group.apply(lambda sub: temperature.greedy(sub, hint))
+    group.limit([1] * len(group.rows))
+
+
+@_per_coverage
+def _scale(group: _Group, hint: truncation.Hint) -> None:
+    group.apply(lambda sub: temperature.scale(sub, group.params("temperature"), hint))
+
+
+@_per_coverage
+def _dynamic_temperature(group: _Group, hint: truncation.Hint) -> None:
+    args = [group.params(name) for name in ("temperature", "dynatemp_range", "dynatemp_exponent")]
+    group.apply(lambda sub: temperature.dynamic_temperature(sub, *args, hint=hint))
+
+
+def _step_mirostat_v1(group: _Group) -> None:
+    group.apply(lambda sub: mirostat.mirostat_v1(sub, [s.mu for s in group.samplers]))
+
+
+def _step_mirostat_v2(group: _Group) -> None:
+    group.apply(lambda sub: mirostat.mirostat_v2(sub, [s.mu for s in group.samplers]))
+
+
+_STEPS: dict[str, Callable[[_Group], None]] = {
+    "penalties": _step_penalties,
+    "dry": _step_dry,
+    "top_n_sigma": _step_top_n_sigma,
+    "top_k": _step_top_k,
+    "typ_p": _step_typical,
+    "top_p": _step_top_p,
+    "min_p": _step_min_p,
+    "xtc": _step_xtc,
+    "temperature": _step_temperature,
+    "mirostat_v1": _step_mirostat_v1,
+    "mirostat_v2": _step_mirostat_v2,
+}
+
+
+@dataclass
+class _FinalDistribution:
+    """Each row's final distribution, in vocabulary order: over the whole vocabulary, or over a
+    compact list of candidate ids (ascending) when the chain left few candidates."""
+
+    probs: torch.Tensor  # [B, V], or [B, width] aligned with `ids`
+    ids: torch.Tensor | None  # [B, width] ascending token ids, or None for the whole vocabulary
+
+    @classmethod
+    def of(cls, state: _ChainState) -> _FinalDistribution:
+        final = state.work
+        ids = state.candidates_for(list(range(final.shape[0])))
+        if ids is None:
+            width = max(state.bounds)
+            if width > SMALL_WIDTH:
+                return cls(torch.softmax(final, dim=1), None)
+            ids = torch.topk(final, width, dim=1).indices
+        ids = torch.sort(ids, dim=1).values
+        return cls(torch.softmax(final.gather(1, ids), dim=1), ids)
+
+    def draw(self, uniforms: list[float]) -> list[int]:
+        """Inverse-CDF draw per row with the row's own uniform number."""
+        probs = self.probs
+        cdf = probs.cumsum(dim=1)
+        u = torch.tensor(uniforms, dtype=torch.float64, device=probs.device)
+        target = (u * cdf[:, -1].double()).to(cdf.dtype).unsqueeze(1)
+        chosen = torch.searchsorted(cdf, target, right=True).clamp(max=probs.shape[1] - 1)
+        positions = chosen.squeeze(1).tolist()
+        # Rounding can land past the last candidate (on a zero-probability entry): step back.
+        for row in (probs.gather(1, chosen).squeeze(1) <= 0).nonzero().squeeze(1).tolist():
+            candidates = (probs[row, : positions[row] + 1] > 0).nonzero()
+            if candidates.numel():
+                positions[row] = int(candidates[-1])
+        if self.ids is None:
+            return positions
+        return self.ids.gather(1, torch.tensor(positions, device=probs.device).unsqueeze(1)).squeeze(1).tolist()
+
+    def empty_rows(self) -> list[int]:
+        # A row without any finite logit has a NaN softmax.
+        return self.probs[:, 0].isnan().nonzero().squeeze(1).tolist()
+
+    def probability(self, rows: list[int], tokens: list[int]) -> list[float]:
+        index = torch.tensor(rows, device=self.probs.device)
+        chosen = torch.tensor(tokens, device=self.probs.device)
+        if self.ids is None:
+            return self.probs[index, chosen].tolist()
+        matches = self.ids[index] == chosen.unsqueeze(1)
+        return torch.where(matches, self.probs[index], 0.0).sum(dim=1).tolist()
+
+    def rows(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(probs, ids) of some rows."""
+        index = torch.tensor(rows, device=self.probs.device)
+        ids = None if self.ids is None else self.ids.index_select(0, index)
+        return self.probs.index_select(0, index), ids
+
+
+def _fallback_for_empty_rows(
+    tokens: list[int], distribution: _FinalDistribution, logits: torch.Tensor, allowed_mask: torch.Tensor | None
+) -> list[int]:
+    """A row whose biases or grammar removed every token gets the best allowed (else best) raw token."""
+    empty = distribution.empty_rows()
+    if not empty:
+        return tokens
+    tokens = list(tokens)
+    for row in empty:
+        row_logits = logits[row].float()
+        if allowed_mask is not None and bool(allowed_mask[row].any()):
+            row_logits = row_logits.masked_fill(~allowed_mask[row], NEG_INF)
+        tokens[row] = int(row_logits.argmax())
+        logger.warning("sampling: every token of row %d was removed; falling back to token %d", row, tokens[row])
+    return tokens
+
+
+def _propose_mirostat_mu(
+    distribution: _FinalDistribution, tokens: list[int], samplers: Sequence[SequenceSampler]
+) -> None:
+    rows = [row for row, s in enumerate(samplers) if s.mirostat]
+    if rows:
+        probabilities = distribution.probability(rows, [tokens[row] for row in rows])
+        for row, probability in zip(rows, probabilities):
+            samplers[row].propose_mu(tokens[row], probability)
+
+
+def _token_probs(
+    logits: torch.Tensor, distribution: _FinalDistribution, tokens: list[int], samplers: Sequence[SequenceSampler]
+) -> list[TokenProbs | None]:
+    result: list[TokenProbs | None] = [None] * len(samplers)
+    for post_sampling in (False, True):
+        rows = [
+            row
+            for row, s in enumerate(samplers)
+            if s.params.n_probs > 0 and s.params.post_sampling_probs == post_sampling
+        ]
+        if not rows:
+            continue
+        chosen = [tokens[row] for row in rows]
+        n_probs = [samplers[row].params.n_probs for row in rows]
+        if post_sampling:
+            probs, ids = distribution.rows(rows)
+            found = final_token_probs(probs, chosen, n_probs, ids)
+        else:
+            index = torch.tensor(rows, device=logits.device)
+            found = raw_token_probs(logits.index_select(0, index), chosen, n_probs)
+        for row, entry in zip(rows, found):
+            result[row] = entry
+    return result

@@ -1,0 +1,181 @@
+"""Every code path of the filters against a plain float64 oracle, on tie-heavy logits.
+
+The filters take different routes depending on how many candidates a row has and whether the
+chain knows them (full vocabulary, counted candidates, top_k's candidate list, rows of a batch
+split between those); all must keep exactly the same tokens, ties going to the lower id.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lamplight.sampling import SamplingParams, SequenceSampler, run_chain, sample_batch
+from lamplight.sampling import truncation
+
+N_VOCAB = 8192  # more than truncation.SMALL_WIDTH, so the full-vocabulary routes run
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def tie_heavy_logits(rows: int, seed: int, finite: int | None = None) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(rows, N_VOCAB, generator=generator) * 2.0 * 4).round() / 4  # steps of 0.25
+    if finite is not None:
+        for row in range(rows):
+            dropped = torch.randperm(N_VOCAB, generator=generator)[: N_VOCAB - finite]
+            logits[row, dropped] = -math.inf
+    return logits
+
+
+def order(row: np.ndarray) -> list[int]:
+    ids = [i for i in range(len(row)) if np.isfinite(row[i])]
+    return sorted(ids, key=lambda i: (-row[i], i))
+
+
+def probabilities(row: np.ndarray, ids: list[int]) -> np.ndarray:
+    values = row[ids].astype(np.float64)
+    e = np.exp(values - values.max())
+    return e / e.sum()
+
+
+def oracle_top_k(row, k):
+    return set(order(row)[:k])
+
+
+def oracle_top_p(row, p, min_keep, eps=1e-5):
+    """Acceptable results: float32 sums may cross p a few tokens away from the exact crossing."""
+    ids = order(row)
+    cumulative = np.cumsum(probabilities(row, ids))
+
+    def prefix_length(target):
+        for i, total in enumerate(cumulative):
+            if total >= target and i + 1 >= min_keep:
+                return i + 1
+        return len(ids)
+
+    return [set(ids[:length]) for length in range(prefix_length(p - eps), prefix_length(p + eps) + 1)]
+
+
+def oracle_min_p(row, p, min_keep):
+    ids = order(row)
+    threshold = np.float32(row[ids[0]]) + np.float32(math.log(np.float32(p)))
+    kept = {i for i in ids if row[i] >= threshold}
+    return kept if len(kept) >= min_keep else set(ids[:min_keep])
+
+
+def oracle_typical(row, p, min_keep):
+    ids = order(row)
+    probs = probabilities(row, ids)
+    entropy = -(probs * np.log(probs)).sum()
+    by_score = np.argsort(np.abs(-np.log(probs) - entropy), kind="stable")
+    total, kept = 0.0, []
+    for position in by_score:
+        kept.append(ids[position])
+        total += probs[position]
+        if total > p and len(kept) >= min_keep:
+            break
+    return set(kept)
+
+
+def oracle_xtc(row, threshold, min_keep):
+    ids = order(row)
+    above = int((probabilities(row, ids) >= threshold).sum())
+    remove = above - 1 if above >= 2 and len(ids) - (above - 1) >= min_keep else 0
+    return set(ids[remove:])
+
+
+CASES = {
+    "top_p small": (dict(samplers=["top_p"], top_p=0.3), lambda r: oracle_top_p(r, 0.3, 0)),
+    "top_p large": (dict(samplers=["top_p"], top_p=0.995, min_keep=3), lambda r: oracle_top_p(r, 0.995, 3)),
+    "min_p": (dict(samplers=["min_p"], min_p=0.05), lambda r: oracle_min_p(r, 0.05, 0)),
+    "min_p min_keep": (dict(samplers=["min_p"], min_p=0.9, min_keep=7), lambda r: oracle_min_p(r, 0.9, 7)),
+    "typical": (dict(samplers=["typ_p"], typical_p=0.6), lambda r: oracle_typical(r, 0.6, 0)),
+    "typical min_keep": (dict(samplers=["typ_p"], typical_p=0.05, min_keep=5), lambda r: oracle_typical(r, 0.05, 5)),
+    "xtc": (dict(samplers=["xtc"], xtc_probability=1.0, xtc_threshold=0.01), lambda r: oracle_xtc(r, 0.01, 0)),
+    "xtc min_keep": (
+        dict(samplers=["xtc"], xtc_probability=1.0, xtc_threshold=0.001, min_keep=50),
+        lambda r: oracle_xtc(r, 0.001, 50),
+    ),
+    "top_k ties": (dict(samplers=["top_k"], top_k=37), lambda r: oracle_top_k(r, 37)),
+}
+NEUTRAL = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0)
+
+
+def sampler_for(fields: dict, top_k: int | None = None) -> SequenceSampler:
+    fields = {**NEUTRAL, **fields}
+    if top_k is not None:
+        fields["samplers"] = ["top_k", *fields["samplers"]]
+        fields["top_k"] = top_k
+    return SequenceSampler(SamplingParams(**fields), n_ctx=64)
+
+
+def kept_ids(row: torch.Tensor) -> set[int]:
+    return set(torch.isfinite(row).nonzero().squeeze(1).tolist())
+
+
+def assert_matches(kept: set[int], expected: set[int] | list[set[int]], row: int) -> None:
+    acceptable = expected if isinstance(expected, list) else [expected]
+    assert kept in acceptable, (row, len(kept), [len(a) for a in acceptable])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("finite", [None, 300], ids=["all-finite", "300-finite"])
+def test_filters_without_candidate_list(case: str, finite: int | None, device: str) -> None:
+    fields, oracle = CASES[case]
+    logits = tie_heavy_logits(3, seed=len(case), finite=finite)
+    out = run_chain(logits.to(device), [sampler_for(fields) for _ in range(3)]).cpu()
+    for row in range(3):
+        assert_matches(kept_ids(out[row]), oracle(logits[row].numpy()), row)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", sorted(c for c in CASES if c != "top_k ties"))
+def test_filters_after_top_k_and_mixed_batches(case: str, device: str) -> None:
+    fields, oracle = CASES[case]
+    logits = tie_heavy_logits(4, seed=len(case) + 100)
+    # Rows 0 and 2 go through top_k first (so the chain knows their candidates); 1 and 3 do not.
+    samplers = [sampler_for(fields, top_k=500), sampler_for(fields), sampler_for(fields, top_k=4000), sampler_for(fields)]
+    out = run_chain(logits.to(device), samplers).cpu()
+    for row, k in ((0, 500), (1, None), (2, 4000), (3, None)):
+        row_logits = logits[row].numpy().copy()
+        if k is not None:
+            survivors = oracle_top_k(row_logits, k)
+            row_logits[[i for i in range(N_VOCAB) if i not in survivors]] = -np.inf
+        assert_matches(kept_ids(out[row]), oracle(row_logits), row)
+
+
+def test_best_k_mask_takes_ties_by_id() -> None:
+    logits = torch.tensor([[1.0, 3.0, 2.0, 3.0, 2.0, 2.0, 0.0]])
+    mask = truncation.best_k_mask(logits, torch.tensor([3]))
+    assert mask[0].nonzero().squeeze(1).tolist() == [1, 2, 3]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "fields",
+    [dict(top_k=0, min_p=0.0, top_p=1.0), dict(top_k=50, min_p=0.0, top_p=1.0)],
+    ids=["whole-vocabulary", "candidate-list"],
+)
+def test_draw_is_the_inverse_cdf_in_vocabulary_order(fields: dict, device: str) -> None:
+    logits = tie_heavy_logits(8, seed=7).to(device)
+    samplers = []
+    for row in range(8):
+        params = SamplingParams(**{**NEUTRAL, **fields, "seed": row, "n_probs": 4, "post_sampling_probs": True})
+        sampler = SequenceSampler(params, n_ctx=64)
+        sampler.n_generated = 3 * row
+        samplers.append(sampler)
+    result = sample_batch(logits, samplers)
+    final = run_chain(logits, samplers).cpu()
+    for row, sampler in enumerate(samplers):
+        probs = torch.softmax(final[row].double(), dim=0).numpy()
+        cdf = np.cumsum(probs)
+        expected = int(np.searchsorted(cdf, sampler.draw_uniform() * cdf[-1], side="right"))
+        assert result.token_ids[row] == expected
+        top = result.probs[row].top
+        assert [entry.token_id for entry in top] == order(np.where(probs > 0, probs, -np.inf))[:4]
+        assert [entry.prob for entry in top] == pytest.approx(sorted(probs, reverse=True)[:4], rel=1e-5)
+        assert result.probs[row].chosen.prob == pytest.approx(probs[expected], rel=1e-5)
