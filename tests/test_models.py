@@ -236,3 +236,30 @@ def test_int4_unpack_is_exact(qtype, tmp_path):
     q, scale, zero = unpack_int4(info)
     rebuilt = ((q.float() - 8).view(q.shape[0], -1, 32) * scale[:, :, None] + zero[:, :, None]).view(q.shape)
     torch.testing.assert_close(rebuilt, dequantize(info), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_decode_rows_are_bit_identical_alone_and_batched(fast, tmp_path):
+    """Batch invariance of a decode step: same logits bits for a sequence alone or beside others."""
+    path = write_tiny_llama(tmp_path / "t.gguf", qtype=Q.Q4_1)
+    model = load_model(GGUFFile(path))
+    if fast:
+        use_fast_path(model)
+    seqs = [[(5 * i + k) % 240 + 6 for i in range(n)] for k, n in enumerate([9, 30, 70, 3])]
+
+    def decode_last(group):
+        cache = KVCache(model.config.kv_layout, num_blocks=64, block_size=8)
+        chunks = []
+        for s in group:
+            table = BlockTable(cache)
+            table.reserve(len(s) - 1)
+            table.num_tokens = len(s) - 1
+            model(build_forward_batch([SequenceChunk(s[:-1], 0, table.slots())]), cache)
+            table.reserve(len(s))
+            table.num_tokens = len(s)
+            chunks.append(SequenceChunk(s[-1:], len(s) - 1, table.slots()))
+        return model(build_forward_batch(chunks), cache)
+
+    together = decode_last(seqs)
+    for i, s in enumerate(seqs):
+        assert torch.equal(decode_last([s])[0], together[i])

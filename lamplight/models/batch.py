@@ -10,6 +10,11 @@ call serves the group. The masks are built once per step and shared by all layer
 
 from __future__ import annotations
 
+# Decode groups pad every sequence's keys to a multiple of this, so a sequence's attention sums
+# run over the same aligned lengths whether it decodes alone or beside longer ones (batch
+# invariance: unaligned tails are summed in a different order by the CPU kernels).
+DECODE_KEY_ALIGN = 64
+
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -104,6 +109,8 @@ def build_forward_batch(chunks: Sequence[SequenceChunk], device: torch.device | 
 def _make_group(items: list[tuple[int, SequenceChunk]], device) -> AttentionGroup:
     n_q = max(len(c.token_ids) for _, c in items)
     n_k = max(len(c.kv_slots) for _, c in items)
+    if n_q == 1:
+        n_k = -(-n_k // DECODE_KEY_ALIGN) * DECODE_KEY_ALIGN
     b = len(items)
     query_rows = torch.zeros(b, n_q, dtype=torch.long)
     query_valid = torch.zeros(b, n_q, dtype=torch.bool)

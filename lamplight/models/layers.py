@@ -119,6 +119,24 @@ class Rotary(nn.Module):
         return torch.cat((rotated, rest), dim=-1) if rest.numel() else rotated
 
 
+def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention for one query per sequence, written out so that padding keys (aligned, masked)
+    leave each row's result bit-identical; SDPA's kernels sum padded rows in another order.
+
+    q: [B, H, 1, D]; k, v: [B, Hkv, C, D]; mask: [B, 1, 1, C]. Returns [B, H, 1, Dv].
+    """
+    b, n_heads, _, d = q.shape
+    n_kv = k.shape[1]
+    # Contiguous operands in one fixed layout: with strided views, matmul picks its path by the
+    # batch size, and rows then differ in the last bits between batch sizes.
+    grouped = q.reshape(b, n_kv, n_heads // n_kv, d).contiguous()  # query heads sharing a KV head
+    keys_t = k.transpose(-1, -2).contiguous()  # [B, Hkv, D, C]
+    scores = torch.matmul(grouped, keys_t) * scale  # [B, Hkv, G, C]
+    scores = scores.masked_fill(~mask.view(b, 1, 1, -1), float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), v.contiguous())  # [B, Hkv, G, Dv]
+    return out.reshape(b, n_heads, 1, v.shape[-1])
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -143,7 +161,10 @@ def paged_attention(
         gq = q[group.query_rows].transpose(1, 2)  # [B, H, Q, D]
         gk = k_pool[group.kv_index].transpose(1, 2).to(q.dtype)  # [B, Hkv, C, D]
         gv = v_pool[group.kv_index].transpose(1, 2).to(q.dtype)
-        attn = F.scaled_dot_product_attention(gq, gk, gv, attn_mask=mask, scale=scale, enable_gqa=True)
+        if gq.shape[2] == 1:
+            attn = _decode_attention(gq, gk, gv, mask, scale)
+        else:
+            attn = F.scaled_dot_product_attention(gq, gk, gv, attn_mask=mask, scale=scale, enable_gqa=True)
         attn = attn.transpose(1, 2)  # [B, Q, H, Dv]
         valid = group.query_valid
         out[group.query_rows[valid]] = attn[valid]
