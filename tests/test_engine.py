@@ -279,3 +279,12 @@ def test_slot_save_restore_continues_identically(tiny, tmp_path):
             eng.save_slot(7, str(tmp_path / "x.bin"))
     finally:
         eng.stop()
+
+
+def test_seeded_sampling_is_the_same_with_a_cached_prefix(tiny, engine):
+    params = SamplingParams(temperature=1.0, seed=99)
+    ids = prompt_ids(tiny, "the cat sat on the mat")
+    _, (first,) = run(engine, GenerationRequest(ids, params, n_predict=12))
+    _, (cached,) = run(engine, GenerationRequest(ids, params, n_predict=12))
+    assert cached.n_cached == len(ids) - 1
+    assert cached.token_ids == first.token_ids
