@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from lamplight import __version__
@@ -16,6 +17,26 @@ def _say(message: str) -> None:
 
 def _comma_list(value: str | None) -> tuple[str, ...]:
     return tuple(part.strip() for part in (value or "").split(",") if part.strip())
+
+
+class _LoraAction(argparse.Action):
+    """`--lora FNAME[,FNAME...]` and `--lora-scaled FNAME:SCALE[,...]` append to one list, so the
+    adapters get their ids in the order the flags were given (as llama-server)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        adapters = list(getattr(namespace, self.dest, None) or [])
+        for item in _comma_list(values):
+            if option_string == "--lora-scaled":
+                path, sep, scale = item.rpartition(":")
+                try:
+                    adapters.append((path, float(scale)))
+                except ValueError:
+                    sep = ""
+                if not sep or not path:
+                    parser.error(f"--lora-scaled expects FNAME:SCALE, got {item!r}")
+            else:
+                adapters.append((item, 1.0))
+        setattr(namespace, self.dest, adapters)
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +65,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--no-slots", action="store_true", help="disable GET /slots")
     add("--cors-origins", default="*", help="allowed CORS origins, comma-separated (default: *)")
     add("--metrics", action="store_true", help="enable GET /metrics (Prometheus)")
-    add("--context-shift", action="store_true", help="shift the context instead of stopping when it is full")
+    add("--context-shift", dest="context_shift", action="store_true", default=False,
+        help="when a generation fills its slot, drop half of the tokens after n_keep and go on (default: off)")
+    add("--no-context-shift", dest="context_shift", action="store_false",
+        help="stop a generation when its slot is full (the default)")
+    add("--lora", dest="lora_adapters", action=_LoraAction, metavar="FNAME", default=[],
+        help="LoRA adapter (GGUF) at scale 1; repeatable, or comma-separated")
+    add("--lora-scaled", dest="lora_adapters", action=_LoraAction, metavar="FNAME:SCALE", default=[],
+        help="LoRA adapter with its scale; repeatable, or comma-separated")
+    add("--lora-init-without-apply", action="store_true",
+        help="load the LoRA adapters at scale 0 (set scales later with POST /lora-adapters)")
+    add("--slot-save-path", metavar="DIR", help="folder for POST /slots/{id}?action=save|restore")
+    add("--spm-infill", action="store_true",
+        help="/infill prompts as suffix/prefix/middle (SPM) instead of prefix/suffix/middle")
     add("-to", "--timeout", type=float, default=3600, help="idle connection timeout in seconds")
     add("--sse-ping-interval", type=float, default=30.0,
         help="seconds of silence before an SSE keep-alive comment, <= 0 disables (default: %(default)s)")
@@ -57,31 +90,61 @@ def _sampling_defaults(args: argparse.Namespace) -> dict:
     return {name: value for name, value in flags.items() if value is not None}
 
 
-def run_serve(args: argparse.Namespace) -> int:
-    import lamplight
-    from lamplight.server import ServerSettings, ServerState
-    from lamplight.server.launcher import EngineOptions, build_engine, serve
+def _startup_problem(args: argparse.Namespace) -> str | None:
+    """Flags that cannot work, found before the port is bound."""
+    if args.slot_save_path and not os.path.isdir(args.slot_save_path):
+        return f"--slot-save-path: not a directory: {args.slot_save_path}"
+    for path, _ in args.lora_adapters:
+        if not os.path.isfile(path):
+            return f"LoRA adapter not found: {path}"
+    return None
 
-    if args.threads > 0:
-        import torch
 
-        torch.set_num_threads(args.threads)
-    settings = ServerSettings(
+def engine_options(args: argparse.Namespace):
+    from lamplight.server.launcher import EngineOptions
+
+    return EngineOptions(n_ctx=args.ctx_size, n_parallel=args.parallel, n_batch=args.batch_size,
+                         n_ubatch=args.ubatch_size, queue_size=args.queue_size,
+                         context_shift=args.context_shift, loras=tuple(args.lora_adapters),
+                         lora_init_without_apply=args.lora_init_without_apply)
+
+
+def server_settings(args: argparse.Namespace):
+    from lamplight.server import ServerSettings
+
+    return ServerSettings(
         host=args.host, port=args.port, api_keys=_comma_list(args.api_key),
         cors_origins=_comma_list(args.cors_origins) or ("*",), alias=args.alias,
         sampling_defaults=_sampling_defaults(args), n_predict=args.n_predict, n_keep=args.keep,
         slots_endpoint=not args.no_slots, metrics=args.metrics,
         sse_ping_interval=args.sse_ping_interval, timeout=args.timeout,
+        slot_save_path=args.slot_save_path, spm_infill=args.spm_infill,
     )
-    options = EngineOptions(n_ctx=args.ctx_size, n_parallel=args.parallel, n_batch=args.batch_size,
-                            n_ubatch=args.ubatch_size, queue_size=args.queue_size,
-                            context_shift=args.context_shift)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import lamplight
+    from lamplight.server import ServerState
+    from lamplight.server.launcher import build_engine, serve
+
+    problem = _startup_problem(args)
+    if problem is not None:
+        _say(f"error: {problem}")
+        return 1
+    if args.threads > 0:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    settings = server_settings(args)
+    options = engine_options(args)
 
     def load():
         _say(f"loading model {args.model}")
         loaded = lamplight.load(args.model, chat_template=args.chat_template,
                                 chat_template_file=args.chat_template_file, progress=_say)
         engine = build_engine(loaded, options)
+        for adapter in engine.lora_json():
+            _say(f"LoRA adapter {adapter['id']}: {adapter['path']} (scale {adapter['scale']:g})")
         _say(f"model {loaded.name} ready: {engine.n_parallel} slots of {engine.n_ctx_slot} tokens")
         return loaded, engine
 

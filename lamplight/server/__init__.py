@@ -6,7 +6,7 @@ the model loads in the background. Module map:
 - app, middleware: the FastAPI application, CORS / API key / readiness rules, error shapes
 - routes_openai, routes_native, routes_misc: the endpoints
 - completion_flow: what every generating endpoint does (parse, submit, answer or stream)
-- params, fields, constraints, prompts, chat_prompt: request bodies -> engine requests
+- params, fields, constraints, prompts, chat_prompt, infill: request bodies -> engine requests
 - generation: engine handles of one request, merged events, cancellation
 - responses_native, responses_openai, probs, generation_settings: JSON result shapes
 - stream_formats, sse: streamed answers

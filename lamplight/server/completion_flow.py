@@ -32,10 +32,16 @@ class PreparedCompletion:
     prompts: list[list[int]]
 
 
-def prepare_completion(state: ServerState, body: dict, endpoint: Endpoint) -> PreparedCompletion:
+PromptBuilder = Callable[[ServerState, dict], list[list[int]]]
+
+
+def prepare_completion(state: ServerState, body: dict, endpoint: Endpoint,
+                       build_prompts: PromptBuilder | None = None) -> PreparedCompletion:
     tokenizer = state.model.tokenizer
     params = parse_generation_params(body, endpoint, state.settings, tokenizer, state.engine.n_parallel)
-    if endpoint is Endpoint.CHAT:
+    if build_prompts is not None:  # /infill
+        prompts = build_prompts(state, body)
+    elif endpoint is Endpoint.CHAT:
         text = render_chat_prompt(body, state.model.chat_template)
         prompts = [tokenizer.encode(text, add_special=True, parse_special=True)]
     else:
@@ -62,9 +68,11 @@ _JSON_BUILDERS: dict[Endpoint, Callable[[ResponseContext, dict[int, FinalEvent]]
 }
 
 
-async def answer_completion(request: Request, state: ServerState, body: dict, endpoint: Endpoint) -> Response:
+async def answer_completion(request: Request, state: ServerState, body: dict, endpoint: Endpoint,
+                            build_prompts: PromptBuilder | None = None) -> Response:
+    """`build_prompts(state, body)` replaces the usual `prompt`/`messages` handling (/infill)."""
     state.require_ready()
-    prepared = await run_in_threadpool(prepare_completion, state, body, endpoint)
+    prepared = await run_in_threadpool(prepare_completion, state, body, endpoint, build_prompts)
     ctx = _response_context(state, prepared)
     prepared.params.settings_echo = ctx.generation_settings
     run = GenerationRun.submit(state.engine, prepared.params, prepared.prompts, observer=state.metrics)

@@ -27,17 +27,24 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-async def read_json_object(request: Request) -> dict:
-    """The request body as a JSON object; anything else is a 400, never a 422 or 500."""
+async def read_json(request: Request, expected: str = "a JSON object") -> Any:
+    """The request body as any JSON value; an empty or malformed body is a 400."""
     from .errors import invalid_request
 
     raw = await request.body()
     if not raw.strip():
-        raise invalid_request("the request body is empty: expected a JSON object")
+        raise invalid_request(f"the request body is empty: expected {expected}")
     try:
-        body = json.loads(raw, parse_constant=_reject_constant)
+        return json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise invalid_request(f"the request body is not valid JSON: {exc}") from None
+
+
+async def read_json_object(request: Request) -> dict:
+    """The request body as a JSON object; anything else is a 400, never a 422 or 500."""
+    from .errors import invalid_request
+
+    body = await read_json(request)
     if not isinstance(body, dict):
         raise invalid_request("the request body must be a JSON object")
     return body

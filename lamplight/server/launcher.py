@@ -1,12 +1,12 @@
-"""Running the server: bind the port at once, load the model in a background thread (/health
-answers 503 meanwhile), then serve until interrupted."""
+"""Running the server: bind the port at once, load the model (and its LoRA adapters) in a
+background thread (/health answers 503 meanwhile), then serve until interrupted."""
 
 from __future__ import annotations
 
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import uvicorn
 
@@ -24,17 +24,45 @@ class EngineOptions:
     n_ubatch: int = 512
     queue_size: int = 64
     context_shift: bool = False
+    # LoRA adapters in load order (their ids): (path, scale) from `--lora` (scale 1) and
+    # `--lora-scaled FNAME:SCALE`.
+    loras: Sequence[tuple[str, float]] = ()
+    lora_init_without_apply: bool = False  # every adapter starts at scale 0
+
+
+class StartupError(RuntimeError):
+    """The server cannot start as asked (e.g. a LoRA adapter that does not load): a plain message."""
+
+
+def load_adapters(paths_and_scales: Sequence[tuple[str, float]], architecture: str,
+                  init_without_apply: bool = False) -> list:
+    from lamplight.models.lora import load_lora
+
+    adapters = []
+    for path, scale in paths_and_scales:
+        try:
+            adapter = load_lora(path, architecture)
+        except (OSError, ValueError) as exc:  # GGUFError is a ValueError
+            raise StartupError(f"failed to load LoRA adapter {path!r}: {exc}") from exc
+        adapter.scale = 0.0 if init_without_apply else float(scale)
+        adapters.append(adapter)
+    return adapters
 
 
 def build_engine(loaded: Any, options: EngineOptions) -> Any:
     from lamplight.engine.config import EngineConfig
     from lamplight.engine.engine import Engine
+    from lamplight.gguf.file import GGUFError
 
     n_ctx = options.n_ctx or min(loaded.model.config.n_ctx_train, MAX_DEFAULT_CTX)
     config = EngineConfig(n_ctx=n_ctx, n_parallel=options.n_parallel, n_batch=options.n_batch,
                           n_ubatch=options.n_ubatch, queue_size=options.queue_size,
                           context_shift=options.context_shift)
-    engine = Engine(loaded.model, loaded.tokenizer, config)
+    loras = load_adapters(options.loras, loaded.model.config.architecture, options.lora_init_without_apply)
+    try:
+        engine = Engine(loaded.model, loaded.tokenizer, config, loras=loras)
+    except GGUFError as exc:  # an adapter for weights the model does not have, or of other shapes
+        raise StartupError(f"a LoRA adapter does not fit the model: {exc}") from exc
     engine.start()
     return engine
 
@@ -56,7 +84,8 @@ def serve(state: ServerState, load: Callable[[], tuple[Any, Any]], server: uvico
             state.attach(*load())
         except BaseException as exc:  # report and stop the server: it can never become ready
             failure.append(exc)
-            print(f"lamplight: error: failed to load the model: {exc}", file=sys.stderr)
+            reason = str(exc) if isinstance(exc, StartupError) else f"failed to load the model: {exc}"
+            print(f"lamplight: error: {reason}", file=sys.stderr)
             server.should_exit = True
 
     loader = threading.Thread(target=load_model, name="lamplight-loader", daemon=True)

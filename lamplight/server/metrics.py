@@ -25,6 +25,7 @@ class ServerMetrics:
         self.prompt_ms = 0.0
         self.predicted_tokens = 0
         self.predicted_ms = 0.0
+        self.n_tokens_max = 0
         self.engine: Any = None
 
     def on_final(self, final: FinalEvent) -> None:
@@ -33,11 +34,13 @@ class ServerMetrics:
             self.prompt_ms += final.timings.prompt_ms
             self.predicted_tokens += final.timings.predicted_n
             self.predicted_ms += final.timings.predicted_ms
+            self.n_tokens_max = max(self.n_tokens_max, final.tokens_cached)
 
     def collect(self):
         with self._lock:
             prompt_tokens, prompt_ms = self.prompt_tokens, self.prompt_ms
             predicted_tokens, predicted_ms = self.predicted_tokens, self.predicted_ms
+            n_tokens_max = self.n_tokens_max
         yield CounterMetricFamily("llamacpp:prompt_tokens", "Number of prompt tokens processed.", prompt_tokens)
         yield CounterMetricFamily("llamacpp:prompt_seconds", "Prompt process time", prompt_ms / 1e3)
         yield CounterMetricFamily("llamacpp:tokens_predicted", "Number of generation tokens processed.",
@@ -47,6 +50,8 @@ class ServerMetrics:
                                 1e3 * prompt_tokens / prompt_ms if prompt_ms > 0 else 0.0)
         yield GaugeMetricFamily("llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s.",
                                 1e3 * predicted_tokens / predicted_ms if predicted_ms > 0 else 0.0)
+        # A counter in llama-server; a gauge here so that the name keeps no "_total" suffix.
+        yield GaugeMetricFamily("llamacpp:n_tokens_max", "Largest observed n_tokens.", n_tokens_max)
         yield from self._engine_metrics()
 
     def _engine_metrics(self):
@@ -59,8 +64,26 @@ class ServerMetrics:
         yield GaugeMetricFamily("llamacpp:requests_processing", "Number of requests processing.", processing)
         yield GaugeMetricFamily("llamacpp:requests_deferred", "Number of requests deferred.",
                                 len(getattr(engine, "waiting", ())))
+        yield from _kv_metrics(engine)
 
     def render(self) -> bytes:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)
         return generate_latest(registry)
+
+
+def _kv_metrics(engine: Any):
+    """KV cache use (the names of llama-server versions that still reported it): blocks in use over
+    all blocks, and the tokens the slots hold (running or kept for reuse). Read without the engine's
+    lock: a scrape may be one step out of date."""
+    cache = getattr(engine, "cache", None)
+    allocator = getattr(cache, "allocator", None)
+    if allocator is None or not getattr(cache, "num_blocks", 0):
+        return
+    usage = 1.0 - allocator.num_free / cache.num_blocks
+    tokens = 0
+    for slot in getattr(engine, "slots", ()):
+        seq = slot.seq
+        tokens += seq.n_computed if seq is not None else len(slot.cached_tokens)
+    yield GaugeMetricFamily("llamacpp:kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.", usage)
+    yield GaugeMetricFamily("llamacpp:kv_cache_tokens", "KV-cache tokens.", tokens)

@@ -221,13 +221,18 @@ def _lora(fields: Fields) -> list[tuple[int, float]] | None:
     adapters = fields.array("lora")
     if adapters is None:
         return None
+    return parse_lora_entries(adapters, "lora")
+
+
+def parse_lora_entries(adapters: list, name: str) -> list[tuple[int, float]]:
+    """A list of `{"id": int, "scale": number}` objects -> [(id, scale)] (also POST /lora-adapters)."""
     parsed = []
     for index, entry in enumerate(adapters):
         entry_fields = Fields(entry) if isinstance(entry, dict) else None
         if entry_fields is None or not entry_fields.given("id") or not entry_fields.given("scale"):
-            raise field_error("lora", f"entry {index} must be an object with an integer 'id' and a number 'scale'")
+            raise field_error(name, f"entry {index} must be an object with an integer 'id' and a number 'scale'")
         try:
             parsed.append((entry_fields.integer("id", 0, minimum=0), entry_fields.number("scale", 1.0)))
         except ApiError as exc:
-            raise field_error("lora", f"entry {index}: {exc.message.removeprefix('Field ')}") from None
+            raise field_error(name, f"entry {index}: {exc.message.removeprefix('Field ')}") from None
     return parsed

@@ -1,4 +1,4 @@
-"""llama.cpp's native endpoints: /completion(s), /tokenize, /detokenize, /apply-template."""
+"""llama.cpp's native endpoints: /completion(s), /infill, /tokenize, /detokenize, /apply-template."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from .chat_prompt import render_chat_prompt
 from .completion_flow import answer_completion
 from .errors import field_error
 from .fields import Fields, is_number
+from .infill import fim_tokens, format_infill_prompt, parse_infill_input
 from .json_io import json_response, read_json_object
 from .params import Endpoint
 from .prompts import tokenize_mixed
@@ -24,6 +25,27 @@ router = APIRouter()
 async def completion(request: Request) -> Response:
     body = await read_json_object(request)
     return await answer_completion(request, server_state(request), body, Endpoint.NATIVE)
+
+
+@router.post("/infill")
+async def infill(request: Request) -> Response:
+    """Code infill: the /completion options and answer, with llama.cpp's FIM prompt."""
+    body = await read_json_object(request)
+    state = server_state(request)
+    state.require_ready()
+    fim_tokens(state.model.tokenizer)  # a model without FIM tokens: 400 before anything else
+    parse_infill_input(body)
+    return await answer_completion(request, state, body, Endpoint.NATIVE, build_prompts=_infill_prompts)
+
+
+def _infill_prompts(state, body: dict) -> list[list[int]]:
+    tokenizer = state.model.tokenizer
+    engine = state.engine
+    config = getattr(engine, "config", None)
+    return [format_infill_prompt(
+        tokenizer, fim_tokens(tokenizer), parse_infill_input(body),
+        n_batch=getattr(config, "n_batch", 2048), n_predict=state.settings.n_predict,
+        n_ctx=engine.n_ctx_slot, spm_infill=state.settings.spm_infill)]
 
 
 @router.post("/tokenize")

@@ -25,6 +25,8 @@ class ServerSettings:
     sse_ping_interval: float = 30.0  # seconds of silence in a stream before a `:` comment is sent
     timeout: float = 3600.0
     build_info: str = BUILD_INFO
+    slot_save_path: str | None = None  # `--slot-save-path`: enables POST /slots/{id}?action=...
+    spm_infill: bool = False  # `--spm-infill`: /infill puts the suffix before the prefix
 
     def origin_allowed(self, origin: str) -> bool:
         return "*" in self.cors_origins or origin in self.cors_origins

@@ -5,8 +5,6 @@ One formatter per streamed request; it remembers what each choice has streamed s
 
 from __future__ import annotations
 
-import time
-
 from lamplight.engine.types import Event, FinalEvent, PromptProgress, Timings, TokenEvent
 
 from .responses_native import native_final, native_partial, native_progress, progress_json
@@ -24,50 +22,25 @@ DONE = "[DONE]"
 Payload = dict | str
 
 
-class ChoiceClock:
-    """Running timings of one choice for `timings_per_token` chunks (the engine only times finals)."""
-
-    def __init__(self, n_prompt: int, t_start: float):
-        self.n_prompt = n_prompt
-        self.cache_n = 0
-        self.prompt_n = 0
-        self.t_start = t_start
-        self.t_first_token: float | None = None
-        self.prompt_ms = 0.0
-        self.n_decoded = 0
-
-    def on_progress(self, progress: PromptProgress) -> None:
-        self.cache_n = progress.cache
-        self.prompt_n = progress.processed - progress.cache
-        self.prompt_ms = progress.time_ms
-
-    def on_token(self, event: TokenEvent) -> None:
-        now = time.perf_counter()
-        if self.t_first_token is None:
-            self.t_first_token = now
-            self.prompt_ms = (now - self.t_start) * 1e3
-            self.prompt_n = self.n_prompt - self.cache_n
-        self.n_decoded = event.n_decoded
-
-    def timings(self) -> Timings:
-        predicted_ms = (time.perf_counter() - self.t_first_token) * 1e3 if self.t_first_token else 0.0
-        return Timings(self.cache_n, self.prompt_n, self.prompt_ms, self.n_decoded, predicted_ms)
+def progress_timings(progress: PromptProgress) -> Timings:
+    """Timings as of a prompt progress event: only the prompt part has started."""
+    return Timings(progress.cache, progress.processed - progress.cache, progress.time_ms, 0, 0.0)
 
 
 class StreamFormat:
     def __init__(self, ctx: ResponseContext):
         self.ctx = ctx
-        self.t_start = time.perf_counter()  # made right after the request was submitted
         self.streamed: dict[int, str] = {}
         self.finals: dict[int, FinalEvent] = {}
-        self._clocks: dict[int, ChoiceClock] = {}
+        self._timings: dict[int, Timings] = {}  # the latest timings of each choice
 
     def on_event(self, index: int, event: Event) -> list[Payload]:
         if isinstance(event, PromptProgress):
-            self._clock(index).on_progress(event)
+            self._timings[index] = progress_timings(event)
             return self.on_progress(index, event)
         if isinstance(event, TokenEvent):
-            self._clock(index).on_token(event)
+            if event.timings is not None:
+                self._timings[index] = event.timings
             self.streamed[index] = self.streamed.get(index, "") + event.text
             return self.on_token(index, event)
         if isinstance(event, FinalEvent):
@@ -88,21 +61,16 @@ class StreamFormat:
         return []
 
     def running_timings(self, index: int, event: Event | None = None) -> Timings | None:
-        """Timings for `timings_per_token` chunks: the engine's when it sends them, else our clock's."""
+        """Timings for `timings_per_token` chunks: the engine's, as of the latest event of the choice."""
         if not self.ctx.params.timings_per_token:
             return None
-        return getattr(event, "timings", None) or self._clock(index).timings()
+        return self._timings.get(index) or Timings(0, 0, 0.0, 0, 0.0)
 
     def _with_timings(self, payload: dict, index: int, event: Event) -> dict:
         timings = self.running_timings(index, event)
         if timings is not None:
             payload["timings"] = timings.to_json()
         return payload
-
-    def _clock(self, index: int) -> ChoiceClock:
-        if index not in self._clocks:
-            self._clocks[index] = ChoiceClock(len(self.ctx.prompt_of(index)), self.t_start)
-        return self._clocks[index]
 
     def _unsent(self, index: int, final: FinalEvent) -> str:
         """Text the final result has that no token event carried (normally none)."""
