@@ -288,3 +288,16 @@ def test_seeded_sampling_is_the_same_with_a_cached_prefix(tiny, engine):
     _, (cached,) = run(engine, GenerationRequest(ids, params, n_predict=12))
     assert cached.n_cached == len(ids) - 1
     assert cached.token_ids == first.token_ids
+
+
+def test_context_shift_honours_n_discard(tiny):
+    eng = make_engine(tiny, n_ctx=128, n_parallel=2, context_shift=True)  # 64 tokens per slot
+    try:
+        ids = prompt_ids(tiny, "the cat")
+        params = SamplingParams(temperature=0, ignore_eos=True)
+        # n_keep -1 keeps the prompt; dropping 10 per shift leaves 53 after each, so a shift every 10 tokens.
+        _, (final,) = run(eng, GenerationRequest(ids, params, n_predict=100, n_keep=-1, n_discard=10))
+        assert final.n_decoded == 100 and final.truncated
+        assert final.tokens_cached >= eng.n_ctx_slot - 10
+    finally:
+        eng.stop()

@@ -301,7 +301,7 @@ def fim_client(loaded, engine):
     fim_loaded = copy.copy(loaded)
     tokenizer = fim_loaded.tokenizer = copy.copy(loaded.tokenizer)
     tokenizer.fim_prefix_id, tokenizer.fim_suffix_id, tokenizer.fim_middle_id = FIM.prefix, FIM.suffix, FIM.middle
-    tokenizer.fim_repo_id, tokenizer.fim_sep_id = FIM.repo, FIM.sep
+    tokenizer.fim_rep_id, tokenizer.fim_sep_id = FIM.repo, FIM.sep
     server = serve(fim_loaded, engine)
     with httpx.Client(base_url=server.url, timeout=60) as client:
         yield client

@@ -213,6 +213,14 @@ class Engine:
         for i, adapter in enumerate(self.loras):
             adapter.scale = float(new.get(i, 0.0))
 
+    def kv_usage(self) -> tuple[float, int]:
+        """(share of KV blocks in use, tokens the slots hold, running or kept for reuse).
+
+        Read without a lock: a metrics scrape may be one step out of date."""
+        used = 1.0 - self.cache.allocator.num_free / self.cache.num_blocks
+        tokens = sum(slot.seq.n_computed if slot.seq is not None else len(slot.cached_tokens) for slot in self.slots)
+        return used, tokens
+
     def slots_json(self) -> list[dict]:
         """GET /slots: one entry per slot, shaped like llama-server's."""
         return [self._slot_json(slot) for slot in self.slots]
@@ -456,6 +464,8 @@ class Engine:
             if seq.state == SeqState.DECODE:
                 if seq.needs_context_shift():
                     self._shift_context(seq)
+                    if seq.state == SeqState.DONE:
+                        continue
                 plan.append((seq, self._decode_chunk(seq)))
                 budget -= 1
         for seq in running:
@@ -478,7 +488,11 @@ class Engine:
         n_tokens = seq.n_computed
         n_keep = seq.n_prompt if seq.request.n_keep < 0 else seq.request.n_keep
         n_keep = min(n_keep + (1 if self.tokenizer.add_bos else 0), self.n_ctx_slot - 4)
-        n_discard = (n_tokens - n_keep) // 2
+        n_left = n_tokens - n_keep
+        n_discard = min(max(seq.request.n_discard or n_left // 2, 0), n_left - 1)
+        if n_discard <= 0:  # nothing left to drop: end as a full context does without the shift
+            seq.finish_without_token("limit", truncated=True)
+            return
         table = seq.table
         table.make_private_from(n_keep // table.cache.block_size)
         device = self.config.device

@@ -43,6 +43,7 @@ class GenerationRequest:
     return_progress: bool = False
     n_indent: int = 0
     n_keep: int = 0  # tokens of the prompt kept on context shift (-1: all of it)
+    n_discard: int = 0  # tokens dropped per context shift (0: half of what follows n_keep)
     # Per-request LoRA scales as (adapter id, scale); adapters not listed get 0. None: the server's.
     lora: list[tuple[int, float]] | None = None
     t_max_predict_ms: float = -1.0

@@ -35,15 +35,6 @@ class FimTokens:
     sep: int | None
 
 
-def _vocab_id(tokenizer: Any, attributes: tuple[str, ...], key: str) -> int | None:
-    for attribute in attributes:
-        value = getattr(tokenizer, attribute, None)
-        if value is not None:
-            return value
-    ids = getattr(getattr(tokenizer, "_vocab", None), "ids", None)  # repo/sep ids are not public yet
-    return ids.get(key) if isinstance(ids, dict) else None
-
-
 def fim_tokens(tokenizer: Any) -> FimTokens:
     """The model's FIM tokens; a 400 naming the missing ones when it cannot do infill."""
     prefix, suffix, middle = tokenizer.fim_prefix_id, tokenizer.fim_suffix_id, tokenizer.fim_middle_id
@@ -51,9 +42,7 @@ def fim_tokens(tokenizer: Any) -> FimTokens:
     if missing:
         raise invalid_request("Infill is not supported by this model: "
                               + " ".join(f"{name} token is missing." for name in missing))
-    return FimTokens(prefix, suffix, middle,
-                     _vocab_id(tokenizer, ("fim_repo_id", "fim_rep_id"), "fim_rep"),
-                     _vocab_id(tokenizer, ("fim_sep_id",), "fim_sep"))
+    return FimTokens(prefix, suffix, middle, tokenizer.fim_rep_id, tokenizer.fim_sep_id)
 
 
 @dataclass

@@ -74,16 +74,9 @@ class ServerMetrics:
 
 def _kv_metrics(engine: Any):
     """KV cache use (the names of llama-server versions that still reported it): blocks in use over
-    all blocks, and the tokens the slots hold (running or kept for reuse). Read without the engine's
-    lock: a scrape may be one step out of date."""
-    cache = getattr(engine, "cache", None)
-    allocator = getattr(cache, "allocator", None)
-    if allocator is None or not getattr(cache, "num_blocks", 0):
+    all blocks, and the tokens the slots hold (running or kept for reuse)."""
+    if not hasattr(engine, "kv_usage"):
         return
-    usage = 1.0 - allocator.num_free / cache.num_blocks
-    tokens = 0
-    for slot in getattr(engine, "slots", ()):
-        seq = slot.seq
-        tokens += seq.n_computed if seq is not None else len(slot.cached_tokens)
+    usage, tokens = engine.kv_usage()
     yield GaugeMetricFamily("llamacpp:kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.", usage)
     yield GaugeMetricFamily("llamacpp:kv_cache_tokens", "KV-cache tokens.", tokens)

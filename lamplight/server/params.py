@@ -106,6 +106,7 @@ class GenerationParams:
             return_progress=self.return_progress and self.stream,
             n_indent=self.n_indent,
             n_keep=self.n_keep,
+            n_discard=self.n_discard,
             lora=self.lora,
             t_max_predict_ms=self.t_max_predict_ms,
             settings=self.settings_echo,

@@ -33,6 +33,8 @@ class Tokenizer:
     fim_prefix_id: int | None
     fim_suffix_id: int | None
     fim_middle_id: int | None
+    fim_rep_id: int | None  # repository-name marker of repo-level FIM (e.g. <reponame>)
+    fim_sep_id: int | None  # file separator of repo-level FIM (e.g. <file_sep>)
 
     def __init__(self, vocab: Vocab):
         self._vocab = vocab
@@ -49,6 +51,8 @@ class Tokenizer:
         self.fim_prefix_id = vocab.ids["fim_pre"]
         self.fim_suffix_id = vocab.ids["fim_suf"]
         self.fim_middle_id = vocab.ids["fim_mid"]
+        self.fim_rep_id = vocab.ids.get("fim_rep")
+        self.fim_sep_id = vocab.ids.get("fim_sep")
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> "Tokenizer":
