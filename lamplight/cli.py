@@ -65,6 +65,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--no-slots", action="store_true", help="disable GET /slots")
     add("--cors-origins", default="*", help="allowed CORS origins, comma-separated (default: *)")
     add("--metrics", action="store_true", help="enable GET /metrics (Prometheus)")
+    add("--weights", choices=("fast", "reference"), default="fast",
+        help="fast: packed 4-bit / bf16 kernels; reference: dequantized float32, slower, closest to the "
+             "file's values (default: %(default)s)")
     add("--context-shift", dest="context_shift", action="store_true", default=False,
         help="when a generation fills its slot, drop half of the tokens after n_keep and go on (default: off)")
     add("--no-context-shift", dest="context_shift", action="store_false",
@@ -141,7 +144,8 @@ def run_serve(args: argparse.Namespace) -> int:
     def load():
         _say(f"loading model {args.model}")
         loaded = lamplight.load(args.model, chat_template=args.chat_template,
-                                chat_template_file=args.chat_template_file, progress=_say)
+                                chat_template_file=args.chat_template_file, progress=_say,
+                                fast=args.weights == "fast")
         engine = build_engine(loaded, options)
         for adapter in engine.lora_json():
             _say(f"LoRA adapter {adapter['id']}: {adapter['path']} (scale {adapter['scale']:g})")
