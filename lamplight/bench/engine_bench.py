@@ -77,6 +77,7 @@ def run_engine_bench(model_spec: str | None, paths: list[str], batches: list[int
     loaded = {}
     for path in paths:
         m = load(model_spec, fast=(path == "fast"))
+        m.model.requires_grad_(False)
         loaded[path] = m
         results[path] = {"decode_ms": {}, "rss_after_load_mib": peak_rss_mib()}
     with torch.inference_mode():
@@ -90,11 +91,34 @@ def run_engine_bench(model_spec: str | None, paths: list[str], batches: list[int
         for path, m in loaded.items():
             results[path]["prefill_tokens_per_s"] = prefill_tokens_per_s(m.model, 512)
     print(format_engine_table(results, batches))
+    sampler_ms = sampler_chain_ms(batches)
+    print(format_sampler_share(results, sampler_ms))
     print(f"peak resident memory: {peak_rss_mib():.0f} MiB (all paths loaded together)")
     if json_path:
         with open(json_path, "w") as f:
-            json.dump({"results": results, "peak_rss_mib": peak_rss_mib(), "threads": torch.get_num_threads()}, f, indent=2)
+            json.dump({"results": results, "sampler_all_on_ms": sampler_ms, "peak_rss_mib": peak_rss_mib(),
+                       "threads": torch.get_num_threads()}, f, indent=2)
     return 0
+
+
+def sampler_chain_ms(batches: list[int]) -> dict[int, float]:
+    """ms per step of the sampler chain with every sampler on (synthetic 49152-token vocabulary)."""
+    from ..sampling.bench import ALL_ON, N_VOCAB, SyntheticTokenizer, make_samplers, time_steps
+
+    tokenizer = SyntheticTokenizer()
+    out = {}
+    for batch in batches:
+        logits = torch.randn(batch, N_VOCAB, generator=torch.Generator().manual_seed(batch)) * 3
+        out[batch] = time_steps(make_samplers(ALL_ON, batch, tokenizer), logits, 3)
+    return out
+
+
+def format_sampler_share(results: dict[str, dict], sampler_ms: dict[int, float]) -> str:
+    lines = ["sampler chain with every sampler on, as a share of a decode step:"]
+    for batch, ms in sampler_ms.items():
+        shares = ", ".join(f"{100 * ms / r['decode_ms'][batch]:.0f}% of a {p} step" for p, r in results.items())
+        lines.append(f"  batch {batch:3d}: {ms:7.2f} ms = {shares}")
+    return "\n".join(lines)
 
 
 def format_engine_table(results: dict[str, dict], batches: list[int]) -> str:
