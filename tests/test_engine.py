@@ -301,3 +301,28 @@ def test_context_shift_honours_n_discard(tiny):
         assert final.tokens_cached >= eng.n_ctx_slot - 10
     finally:
         eng.stop()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_grammar_constrains_every_choice(tiny, engine, seed):
+    import json
+    import re
+
+    from lamplight.grammar import GrammarCompiler
+
+    model, tokenizer = tiny
+    compiler = GrammarCompiler(tokenizer)
+    grammar = compiler.compile_gbnf('root ::= "ab" [0-9]{2,4} ("-" [a-c]{1,3})?')
+    params = SamplingParams(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=seed)
+    request = GenerationRequest(prompt_ids(tiny, "the"), params, n_predict=40, grammar=grammar, n_choices=2)
+    _, finals = run(engine, request)
+    for final in finals:
+        assert re.fullmatch(r"ab[0-9]{2,4}(-[a-c]{1,3})?", final.content), final.content
+        assert final.stop_type == "eos"
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["a"]}
+    request = GenerationRequest(prompt_ids(tiny, "the"), params, n_predict=60, grammar=compiler.compile_json_schema(schema))
+    _, (final,) = run(engine, request)
+    value = json.loads(final.content)
+    assert isinstance(value["a"], int) and 0 <= value["a"] <= 99

@@ -18,6 +18,7 @@ from typing import AsyncIterator, Callable
 
 import torch
 
+from ..grammar import fill_masks
 from ..models.base import CausalLM
 from ..models.batch import SequenceChunk, build_forward_batch
 from ..models.lora import LoraAdapter, attach_loras
@@ -557,7 +558,11 @@ class Engine:
             handle._push(PromptProgress(seq.choice, seq.n_prompt, seq.n_cached, seq.table.num_tokens, elapsed))
 
     def _sample_and_process(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
-        result = sample_batch(logits, [s.sampler for s in seqs])
+        # Grammar masks go before the whole chain, so every sampler chooses among allowed tokens.
+        masks = fill_masks([s.grammar for s in seqs], logits.shape[-1]) if any(s.grammar for s in seqs) else None
+        if masks is not None:
+            masks = masks.to(logits.device)
+        result = sample_batch(logits, [s.sampler for s in seqs], allowed_mask=masks)
         for i, seq in enumerate(seqs):
             prob = result.probs[i] if result.probs else None
             event = seq.on_token(result.token_ids[i], prob)

@@ -60,6 +60,7 @@ class Sequence:
         self.t_prompt_start = time.perf_counter()
         self.t_prompt_end: float | None = None
         self.t_last: float | None = None
+        self.grammar = request.grammar.new_matcher() if request.grammar is not None else None
         self.handle = None  # the RequestHandle this choice reports to (set by the engine)
         self.reported = False  # its FinalEvent was sent
 
@@ -86,7 +87,10 @@ class Sequence:
         if prob is not None:
             self.probs.append(prob)
 
-        if token_id in self.tokenizer.eog_ids and not self.request.sampling.ignore_eos:
+        is_eog = token_id in self.tokenizer.eog_ids and not self.request.sampling.ignore_eos
+        if self.grammar is not None and not is_eog:
+            self.grammar.accept(token_id)
+        if is_eog:
             self.stop_type = "eos"
         else:
             piece = self.decoder.feed(token_id)
@@ -96,6 +100,8 @@ class Sequence:
                 self._check_indent()
             if self.stop_type == "none" and "\n" in piece:
                 self._check_time_limit(now)
+        if self.stop_type == "none" and self.grammar is not None and self.grammar.is_stopped():
+            self.stop_type = "eos"  # the grammar is complete and allows nothing more
         if self.stop_type == "none":
             self._check_limits()
         if self.stop_type != "none":

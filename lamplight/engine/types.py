@@ -47,6 +47,8 @@ class GenerationRequest:
     # Per-request LoRA scales as (adapter id, scale); adapters not listed get 0. None: the server's.
     lora: list[tuple[int, float]] | None = None
     t_max_predict_ms: float = -1.0
+    # Constrained decoding (lamplight.grammar.CompiledGrammar): each choice gets its own matcher.
+    grammar: Any = None
     # The request's effective parameters as the server reports them (generation_settings); the
     # engine only echoes them in /slots.
     settings: dict | None = None
