@@ -4,6 +4,7 @@ served by uvicorn on 127.0.0.1, exercised with httpx and the official openai cli
 from __future__ import annotations
 
 import copy
+import json
 import re
 
 import httpx
@@ -210,10 +211,23 @@ def test_chat_template_kwargs_reach_the_template(loaded, engine):
      "no multimodal projector"),
     ({"messages": CHAT, "response_format": {"type": "yaml"}}, "response_format type must be one of"),
     ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "not supported yet"),
-    ({"messages": CHAT, "grammar": "root ::= \"x\""}, "not supported yet"),
+    ({"messages": CHAT, "grammar": "root ::= x"}, "Field 'grammar'"),
 ])
 def test_chat_request_errors(client, body, message_part):
     assert_error(client.post("/v1/chat/completions", json=body), 400, "invalid_request_error", message_part)
+
+
+def test_grammar_and_schema_constrain_the_output(client):
+    body = client.post("/completion", json={"prompt": "hi", "grammar": 'root ::= "x" [0-9]{3}', "n_predict": 20,
+                                            "temperature": 1.0, "seed": 4}).json()
+    assert re.fullmatch(r"x[0-9]{3}", body["content"]) and body["stop_type"] == "eos"
+    assert body["generation_settings"]["grammar"] == 'root ::= "x" [0-9]{3}'
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    chat = client.post("/v1/chat/completions", json={
+        "messages": CHAT, "max_tokens": 40, "temperature": 1.0, "seed": 2,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}}).json()
+    assert json.loads(chat["choices"][0]["message"]["content"]) in ({"ok": True}, {"ok": False})
+    assert chat["choices"][0]["finish_reason"] == "stop"
 
 
 def test_tools_with_tool_choice_none_proceed(client):

@@ -26,8 +26,14 @@ def tokenizer(tmp_path_factory):
     return Tokenizer.from_gguf(GGUFFile(path))
 
 
+_COMPILERS: dict = {}
+
+
 def parse(body, tokenizer, endpoint=Endpoint.NATIVE, settings=None):
-    return parse_generation_params(body, endpoint, settings or ServerSettings(), tokenizer, N_PARALLEL)
+    from lamplight.grammar import GrammarCompiler
+
+    compiler = lambda: _COMPILERS.setdefault(id(tokenizer), GrammarCompiler(tokenizer))  # noqa: E731
+    return parse_generation_params(body, endpoint, settings or ServerSettings(), tokenizer, N_PARALLEL, compiler)
 
 
 def rejected(body, tokenizer, endpoint=Endpoint.NATIVE) -> str:
@@ -130,19 +136,31 @@ def test_samplers_and_logit_bias(tokenizer):
 
 
 @pytest.mark.parametrize("body, expected", [
-    ({"grammar": "root ::= \"a\""}, "'grammar' (grammar-constrained sampling) is not supported yet"),
-    ({"json_schema": {"type": "object"}}, "'json_schema' (schema-constrained sampling) is not supported yet"),
-    ({"grammar": "root ::= \"a\"", "json_schema": {}}, "Cannot use both json_schema and grammar"),
+    ({"grammar": "root ::= \"a"}, "Field 'grammar'"),
+    ({"grammar": "start ::= \"a\""}, "root"),
+    ({"json_schema": {"type": "object", "not": {}}}, "not"),
+    ({"grammar": "root ::= \"a\"", "json_schema": {}}, "Cannot use both grammar and json_schema"),
+    ({"grammar": "root ::= \"a\"", "response_format": {"type": "json_object"}}, "Cannot use both"),
     ({"response_format": {"type": "xml"}}, "response_format type must be one of"),
-    ({"response_format": {"type": "json_object"}}, "response_format type \"json_object\" is not supported yet"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "is not supported yet"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "uniqueItems": True}}}},
+     "Field 'response_format'"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool calling"),
     ({"tools": [{"type": "function"}]}, "Field 'tools'"),
     ({"tool_choice": "sometimes"}, "Invalid tool_choice"),
     ({"multimodal_data": ["aGk="]}, "this model has no multimodal projector"),
 ])
-def test_constraints_are_refused_until_supported(tokenizer, body, expected):
+def test_invalid_constraints_are_refused(tokenizer, body, expected):
     assert expected in rejected(body, tokenizer, Endpoint.CHAT)
+
+
+def test_constraints_compile(tokenizer):
+    assert parse({"grammar": 'root ::= "a" [0-9]+'}, tokenizer).grammar.kind == "gbnf"
+    assert parse({"json_schema": {"type": "object"}}, tokenizer).grammar.kind == "json_schema"
+    chat = Endpoint.CHAT
+    assert parse({"response_format": {"type": "json_object"}}, tokenizer, chat).grammar is not None
+    spec = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array"}, "strict": True}}
+    assert parse({"response_format": spec}, tokenizer, chat).grammar is not None
+    assert parse({"response_format": {"type": "text"}}, tokenizer, chat).grammar is None
 
 
 def test_constraints_that_can_proceed(tokenizer):

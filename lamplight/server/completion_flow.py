@@ -38,7 +38,8 @@ PromptBuilder = Callable[[ServerState, dict], list[list[int]]]
 def prepare_completion(state: ServerState, body: dict, endpoint: Endpoint,
                        build_prompts: PromptBuilder | None = None) -> PreparedCompletion:
     tokenizer = state.model.tokenizer
-    params = parse_generation_params(body, endpoint, state.settings, tokenizer, state.engine.n_parallel)
+    params = parse_generation_params(body, endpoint, state.settings, tokenizer, state.engine.n_parallel,
+                                     state.grammar_compiler)
     if build_prompts is not None:  # /infill
         prompts = build_prompts(state, body)
     elif endpoint is Endpoint.CHAT:
@@ -90,6 +91,7 @@ def _response_context(state: ServerState, prepared: PreparedCompletion) -> Respo
         n_discard=params.n_discard, stream=params.stream, timings_per_token=params.timings_per_token,
         eog_ids=state.model.tokenizer.eog_ids,
         lora_scales=lora_scales(params.lora, getattr(state.engine, "loras", [])),
+        grammar=params.grammar_text,
     )
     return ResponseContext(params=params, prompts=prepared.prompts, model=state.model_name,
                            fingerprint=state.settings.build_info, tokenizer=state.model.tokenizer,

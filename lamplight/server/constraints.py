@@ -1,13 +1,16 @@
-"""Constrained decoding requests (grammar, JSON schema, response_format, tools).
+"""Constrained decoding requests: `grammar`, `json_schema`, `response_format`, tools.
 
-Their shapes are validated as llama-server does; until constrained decoding lands, a request
-that needs it is answered with a 400 rather than silently generating unconstrained text.
+The shapes are validated as llama-server does, and the grammar is compiled here, in the request's
+thread, so an invalid grammar or schema is a 400 with the parser's message before anything runs.
+Never silently unconstrained: a keyword the grammar engine cannot enforce is a 400 naming it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
+from ..grammar import CompiledGrammar, GrammarCompiler, GrammarError
 from .errors import field_error, invalid_request
 from .fields import Fields
 
@@ -19,20 +22,35 @@ def not_supported_yet(what: str) -> Exception:
     return invalid_request(f"{what} is not supported yet")
 
 
-def reject_unsupported_constraints(fields: Fields, is_chat: bool) -> None:
+@dataclass
+class Constraint:
+    grammar: CompiledGrammar | None = None
+    echo: str = ""  # what generation_settings reports as `grammar`
+
+
+def resolve_constraint(fields: Fields, is_chat: bool, compiler: Callable[[], GrammarCompiler]) -> Constraint:
+    """The compiled grammar a request asks for (or none), after every shape check."""
     grammar = fields.string("grammar", "")
     schema = _json_schema(fields)
-    response_format = _response_format(fields)
-    if grammar and (schema is not None or response_format in ("json_object", "json_schema")):
-        raise invalid_request("Cannot use both json_schema and grammar")
+    response_format, format_schema = _response_format(fields)
+    sources = [name for name, given in (("grammar", bool(grammar)), ("json_schema", schema is not None),
+                                        ("response_format", response_format != "text")) if given]
+    if len(sources) > 1:
+        raise invalid_request(f"Cannot use both {sources[0]} and {sources[1]}")
     if is_chat:
         _check_tools(fields, grammar)
-    if grammar:
-        raise not_supported_yet("'grammar' (grammar-constrained sampling)")
-    if schema is not None:
-        raise not_supported_yet("'json_schema' (schema-constrained sampling)")
-    if response_format != "text":
-        raise not_supported_yet(f"response_format type \"{response_format}\"")
+    try:
+        if grammar:
+            return Constraint(compiler().compile_grammar(grammar), grammar)
+        if schema is not None:
+            return Constraint(compiler().compile_json_schema(schema))
+        if response_format == "json_object" and format_schema is None:
+            return Constraint(compiler().compile_any_json_object())
+        if response_format != "text":
+            return Constraint(compiler().compile_json_schema(format_schema))
+    except GrammarError as error:
+        raise field_error(sources[0], str(error)) from None
+    return Constraint()
 
 
 def _json_schema(fields: Fields) -> Any:
@@ -42,11 +60,11 @@ def _json_schema(fields: Fields) -> Any:
     return schema
 
 
-def _response_format(fields: Fields) -> str:
-    """The response_format type ("text" when absent), after checking its shape."""
+def _response_format(fields: Fields) -> tuple[str, Any]:
+    """The response_format type ("text" when absent) and its schema, after checking its shape."""
     value = fields.object("response_format")
     if value is None:
-        return "text"
+        return "text", None
     kind = value.get("type")
     if kind not in RESPONSE_FORMAT_TYPES:
         raise invalid_request(
@@ -55,9 +73,10 @@ def _response_format(fields: Fields) -> str:
         spec = value.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
             raise field_error("response_format", "type \"json_schema\" needs a 'json_schema' object with a 'schema'")
+        return kind, spec.get("schema", {})
     if kind == "json_object" and not isinstance(value.get("schema", {}), (dict, bool)):
         raise field_error("response_format", "'schema' must be a JSON schema object")
-    return kind
+    return kind, value.get("schema")
 
 
 def tool_choice(fields: Fields) -> str:

@@ -32,7 +32,7 @@ def logit_bias_json(bias: Iterable[tuple[int, float]]) -> list[dict]:
 def generation_settings(sampling: SamplingParams, *, n_predict: int, stop: list[str], n_keep: int,
                         n_discard: int, stream: bool, timings_per_token: bool,
                         eog_ids: Iterable[int] = (), lora_scales: Iterable[float] = (),
-                        reasoning_format: str = "deepseek") -> dict:
+                        reasoning_format: str = "deepseek", grammar: str = "") -> dict:
     bias = list(sampling.logit_bias)
     if sampling.ignore_eos:
         bias += [(token, -math.inf) for token in sorted(eog_ids)]
@@ -72,7 +72,7 @@ def generation_settings(sampling: SamplingParams, *, n_predict: int, stop: list[
         "logit_bias": logit_bias_json(bias),
         "n_probs": sampling.n_probs,
         "min_keep": sampling.min_keep,
-        "grammar": "",
+        "grammar": grammar,
         "grammar_lazy": False,
         "grammar_triggers": [],
         "preserved_tokens": [],

@@ -15,7 +15,7 @@ from lamplight.engine.types import GenerationRequest
 from lamplight.sampling.logit_bias import resolve_logit_bias
 from lamplight.sampling.params import SamplingParams, effective_seed, parse_samplers
 
-from .constraints import reject_unsupported_constraints
+from .constraints import resolve_constraint
 from .errors import ApiError, field_error, invalid_request
 from .fields import INT32_MAX, Fields, value_error_as_field_error
 from .settings import ServerSettings
@@ -89,6 +89,8 @@ class GenerationParams:
     logprobs: bool = False  # OpenAI answers carry `logprobs`
     top_logprobs: int | None = None  # chat: alternatives shown per token (n_probs may be 1 more)
     settings_echo: dict | None = None  # generation_settings, echoed by the engine in /slots
+    grammar: Any = None  # lamplight.grammar.CompiledGrammar
+    grammar_text: str = ""
 
     @property
     def n_probs(self) -> int:
@@ -110,6 +112,7 @@ class GenerationParams:
             lora=self.lora,
             t_max_predict_ms=self.t_max_predict_ms,
             settings=self.settings_echo,
+            grammar=self.grammar,
         )
 
 
@@ -118,10 +121,11 @@ def default_sampling(settings: ServerSettings) -> SamplingParams:
 
 
 def parse_generation_params(body: dict, endpoint: Endpoint, settings: ServerSettings,
-                            tokenizer: Any, n_parallel: int) -> GenerationParams:
+                            tokenizer: Any, n_parallel: int, grammar_compiler: Any = None) -> GenerationParams:
+    """`grammar_compiler`: a callable returning the model's GrammarCompiler (made on first use)."""
     fields = Fields(body)
     reject_unsupported_inputs(fields)
-    reject_unsupported_constraints(fields, endpoint is Endpoint.CHAT)
+    constraint = resolve_constraint(fields, endpoint is Endpoint.CHAT, grammar_compiler or _no_grammars)
     sampling = _sampling(fields, settings, tokenizer, endpoint)
     stream = fields.boolean("stream", False)
     params = GenerationParams(
@@ -143,6 +147,8 @@ def parse_generation_params(body: dict, endpoint: Endpoint, settings: ServerSett
         return_progress=fields.boolean("return_progress", False),
         response_fields=fields.string_list("response_fields", []),
         lora=_lora(fields),
+        grammar=constraint.grammar,
+        grammar_text=constraint.echo,
     )
     fields.integer("n_cache_reuse", 0, minimum=0)  # accepted; chunk reuse is not implemented
     if endpoint is Endpoint.CHAT:
@@ -150,6 +156,10 @@ def parse_generation_params(body: dict, endpoint: Endpoint, settings: ServerSett
     elif endpoint is Endpoint.COMPLETIONS:
         params.logprobs = params.n_probs > 0
     return params
+
+
+def _no_grammars():
+    raise invalid_request("constrained decoding is not available on this server")
 
 
 def reject_unsupported_inputs(fields: Fields) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from typing import Any
 
 from .errors import model_loading
@@ -17,6 +19,8 @@ class ServerState:
         self.model: Any = None  # lamplight.loader.LoadedModel
         self.engine: Any = None  # lamplight.engine.engine.Engine
         self.metrics = ServerMetrics()
+        self._grammar_compiler = None
+        self._grammar_lock = threading.Lock()
 
     def attach(self, model: Any, engine: Any) -> None:
         self.model = model
@@ -43,6 +47,16 @@ class ServerState:
     def tokenizer(self) -> Any:
         self.require_ready()
         return self.model.tokenizer
+
+    def grammar_compiler(self):
+        """The model's GrammarCompiler, built on the first constrained request (about a second
+        for a 262k vocabulary) and shared after that."""
+        with self._grammar_lock:
+            if self._grammar_compiler is None:
+                from ..grammar import GrammarCompiler
+
+                self._grammar_compiler = GrammarCompiler(self.model.tokenizer)
+            return self._grammar_compiler
 
     def require_ready(self) -> None:
         if not self.ready:
