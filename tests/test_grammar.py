@@ -274,3 +274,21 @@ def test_gemma_vocabulary(gemma3_path):
     assert fill_masks([compiled.new_matcher()], gemma.vocab_size).shape == (1, 262144)
     for text in walks(compiled, gemma, closing_tokens(gemma), seed=11):
         jsonschema.validate(json.loads(text), case.schema)
+
+
+def test_recursive_ref_and_llama_cpp_formats(compiler, tokenizer):
+    recursive = {
+        "$defs": {"node": {"type": "object", "properties": {
+            "label": {"type": "string", "maxLength": 6},
+            "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}},
+            "required": ["label"]}},
+        "$ref": "#/$defs/node",
+    }
+    compiled = compiler.compile_json_schema(recursive)
+    deep = {"label": "a", "children": [{"label": "b", "children": [{"label": "c", "children": []}]}]}
+    assert accepts_text(compiled, tokenizer, json.dumps(deep))
+    # Formats follow llama.cpp's bounded patterns: three fraction digits at most, no second 60.
+    times = compiler.compile_json_schema({"type": "string", "format": "time"})
+    assert accepts_text(times, tokenizer, '"08:15:00.123Z"')
+    assert not accepts_text(times, tokenizer, '"08:15:00.1234Z"')
+    assert not accepts_text(times, tokenizer, '"08:15:60Z"')

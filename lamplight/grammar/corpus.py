@@ -226,10 +226,10 @@ string ::= "\"" char{0,20} "\"" space
         # llama.cpp's engine is a pure CFG: a repetition gives characters back to what follows
         "adjacent-repetition",
         r"""
-root ::= word "s" " " [0-9]+ "0"
+root ::= word "s" " " [0-9]{1,6} "0"
 word ::= [a-z]{1,8}
 """,
-        r"[a-z]{1,8}s [0-9]+0",
+        r"[a-z]{1,8}s [0-9]{1,6}0",
         ("cats 100", "ss 00"),
     ),
     GbnfCase(
@@ -414,21 +414,24 @@ SCHEMA_CASES: list[SchemaCase] = [
         [{"start": {"x": 0, "y": 1}, "end": {"x": -2, "y": 3}}],
     ),
     SchemaCase(
-        "recursive-ref",
+        # Two levels through $ref; a recursive $ref has no depth bound, so a model may nest past
+        # any token budget (the unit tests walk a recursive schema with a step cap instead).
+        "nested-ref",
         {
             "$defs": {
+                "leaf": {
+                    "type": "object",
+                    "properties": {"label": {"type": "string", "maxLength": 6}},
+                    "required": ["label"],
+                },
                 "node": {
                     "type": "object",
                     "properties": {
                         "label": {"type": "string", "maxLength": 6},
-                        "children": {
-                            "type": "array",
-                            "items": {"$ref": "#/$defs/node"},
-                            "maxItems": 2,
-                        },
+                        "children": {"type": "array", "items": {"$ref": "#/$defs/leaf"}, "maxItems": 2},
                     },
                     "required": ["label"],
-                }
+                },
             },
             "$ref": "#/$defs/node",
         },

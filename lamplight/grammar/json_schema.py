@@ -50,9 +50,31 @@ def llama_cpp_schema(schema: Any) -> dict[str, Any] | bool:
     return _close_objects(schema)
 
 
+# llama.cpp's string formats (json-schema-to-grammar.cpp), as patterns: bounded, unlike RFC 3339's
+# unlimited fraction digits, so a model cannot wander off into an endless time.
+_DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{3})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+LLAMA_CPP_FORMATS = {
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": _DATE + "T" + _TIME,
+    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+}
+
+
+def _format_as_pattern(schema: dict) -> dict:
+    pattern = LLAMA_CPP_FORMATS.get(schema.get("format"))
+    if pattern is None or "pattern" in schema:
+        return schema
+    result = {key: value for key, value in schema.items() if key != "format"}
+    result["pattern"] = f"^{pattern}$"
+    return result
+
+
 def _close_objects(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
+    schema = _format_as_pattern(schema)
     result = {key: _close_subschemas(key, value) for key, value in schema.items()}
     if "allOf" in result:
         result = _merge_all_of(result)
