@@ -77,7 +77,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 class Rotary(nn.Module):
@@ -98,10 +98,17 @@ class Rotary(nn.Module):
         angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
+        self._step: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: [T, heads, head_dim]; positions: [T]."""
-        return self._rotate(x, self.cos[positions][:, None, :], self.sin[positions][:, None, :])
+        return self._rotate(x, *self._angles(positions))
+
+    def _angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Every layer of a step rotates by the same positions: look them up once per step.
+        if self._step is None or self._step[0] is not positions:
+            self._step = (positions, self.cos[positions][:, None, :], self.sin[positions][:, None, :])
+        return self._step[1], self._step[2]
 
     def rotate_by(self, x: torch.Tensor, delta: int) -> torch.Tensor:
         """Move already-rotated keys by `delta` positions (rotations compose by adding angles)."""
