@@ -210,7 +210,8 @@ def test_chat_template_kwargs_reach_the_template(loaded, engine):
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
      "no multimodal projector"),
     ({"messages": CHAT, "response_format": {"type": "yaml"}}, "response_format type must be one of"),
-    ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "not supported yet"),
+    ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "Field 'tool_choice'"),
     ({"messages": CHAT, "grammar": "root ::= x"}, "Field 'grammar'"),
 ])
 def test_chat_request_errors(client, body, message_part):

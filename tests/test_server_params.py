@@ -135,6 +135,9 @@ def test_samplers_and_logit_bias(tokenizer):
     assert parse({"logit_bias": [[7, -2]]}, tokenizer).sampling.logit_bias == [(7, -2.0)]
 
 
+TOOLS = [{"type": "function", "function": {"name": "f"}}]
+
+
 @pytest.mark.parametrize("body, expected", [
     ({"grammar": "root ::= \"a"}, "Field 'grammar'"),
     ({"grammar": "start ::= \"a\""}, "root"),
@@ -144,9 +147,15 @@ def test_samplers_and_logit_bias(tokenizer):
     ({"response_format": {"type": "xml"}}, "response_format type must be one of"),
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "uniqueItems": True}}}},
      "Field 'response_format'"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool calling"),
     ({"tools": [{"type": "function"}]}, "Field 'tools'"),
     ({"tool_choice": "sometimes"}, "Invalid tool_choice"),
+    ({"tool_choice": "required"}, "needs 'tools'"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "g"}}}, "not among the tools"),
+    ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "Field 'parallel_tool_calls'"),
+    ({"tools": TOOLS, "grammar": "root ::= \"a\""}, "Cannot use custom grammar constraints with tools."),
+    ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "Cannot use response_format with tools."),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "not": {}}}}]},
+     "Field 'tools'"),
     ({"multimodal_data": ["aGk="]}, "this model has no multimodal projector"),
 ])
 def test_invalid_constraints_are_refused(tokenizer, body, expected):
@@ -161,6 +170,14 @@ def test_constraints_compile(tokenizer):
     spec = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array"}, "strict": True}}
     assert parse({"response_format": spec}, tokenizer, chat).grammar is not None
     assert parse({"response_format": {"type": "text"}}, tokenizer, chat).grammar is None
+
+
+def test_tools_compile_a_grammar(tokenizer):
+    params = parse({"tools": TOOLS}, tokenizer, Endpoint.CHAT)
+    assert params.grammar is not None and params.tool_plan.format.name == "generic"
+    assert params.tool_plan.parallel is True and params.tool_plan.choice == "auto"
+    none = parse({"tools": TOOLS, "tool_choice": "none"}, tokenizer, Endpoint.CHAT)
+    assert none.grammar is None and not none.tool_plan.active
 
 
 def test_constraints_that_can_proceed(tokenizer):

@@ -38,12 +38,13 @@ PromptBuilder = Callable[[ServerState, dict], list[list[int]]]
 def prepare_completion(state: ServerState, body: dict, endpoint: Endpoint,
                        build_prompts: PromptBuilder | None = None) -> PreparedCompletion:
     tokenizer = state.model.tokenizer
+    chat_template = state.model.chat_template if endpoint is Endpoint.CHAT else None
     params = parse_generation_params(body, endpoint, state.settings, tokenizer, state.engine.n_parallel,
-                                     state.grammar_compiler)
+                                     state.grammar_compiler, chat_template)
     if build_prompts is not None:  # /infill
         prompts = build_prompts(state, body)
     elif endpoint is Endpoint.CHAT:
-        text = render_chat_prompt(body, state.model.chat_template)
+        text = render_chat_prompt(body, chat_template, params.tool_plan)
         prompts = [tokenizer.encode(text, add_special=True, parse_special=True)]
     else:
         prompts = tokenize_prompts(body.get("prompt"), tokenizer)
@@ -93,6 +94,8 @@ def _response_context(state: ServerState, prepared: PreparedCompletion) -> Respo
         lora_scales=lora_scales(params.lora, getattr(state.engine, "loras", [])),
         grammar=params.grammar_text,
     )
+    if params.tool_plan is not None:
+        echo.update(params.tool_plan.settings_echo())
     return ResponseContext(params=params, prompts=prepared.prompts, model=state.model_name,
                            fingerprint=state.settings.build_info, tokenizer=state.model.tokenizer,
                            generation_settings=echo)

@@ -1,4 +1,4 @@
-"""Constrained decoding requests: `grammar`, `json_schema`, `response_format`, tools.
+"""Constrained decoding requests: `grammar`, `json_schema`, `response_format`, `tools`.
 
 The shapes are validated as llama-server does, and the grammar is compiled here, in the request's
 thread, so an invalid grammar or schema is a 400 with the parser's message before anything runs.
@@ -11,25 +11,24 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..grammar import CompiledGrammar, GrammarCompiler, GrammarError
+from ..tools import ToolPlan, ToolRequestError, plan_tool_calling
 from .errors import field_error, invalid_request
 from .fields import Fields
 
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
-TOOL_CHOICES = ("auto", "none", "required")
-
-
-def not_supported_yet(what: str) -> Exception:
-    return invalid_request(f"{what} is not supported yet")
 
 
 @dataclass
 class Constraint:
     grammar: CompiledGrammar | None = None
     echo: str = ""  # what generation_settings reports as `grammar`
+    tool_plan: ToolPlan | None = None  # chat requests with tools
 
 
-def resolve_constraint(fields: Fields, is_chat: bool, compiler: Callable[[], GrammarCompiler]) -> Constraint:
-    """The compiled grammar a request asks for (or none), after every shape check."""
+def resolve_constraint(fields: Fields, is_chat: bool, compiler: Callable[[], GrammarCompiler],
+                       chat_template: Any = None, tokenizer: Any = None) -> Constraint:
+    """The compiled grammar a request asks for (or none), after every shape check. Chat requests
+    with `tools` get their tool-call grammar (lamplight.tools) from the template's format."""
     grammar = fields.string("grammar", "")
     schema = _json_schema(fields)
     response_format, format_schema = _response_format(fields)
@@ -38,7 +37,9 @@ def resolve_constraint(fields: Fields, is_chat: bool, compiler: Callable[[], Gra
     if len(sources) > 1:
         raise invalid_request(f"Cannot use both {sources[0]} and {sources[1]}")
     if is_chat:
-        _check_tools(fields, grammar)
+        tools = _tool_constraint(fields, chat_template, tokenizer, sources, compiler)
+        if tools is not None:
+            return tools
     try:
         if grammar:
             return Constraint(compiler().compile_grammar(grammar), grammar)
@@ -79,37 +80,34 @@ def _response_format(fields: Fields) -> tuple[str, Any]:
     return kind, value.get("schema")
 
 
-def tool_choice(fields: Fields) -> str:
-    value = fields.raw("tool_choice", "auto")
-    if isinstance(value, dict):
-        raise not_supported_yet("tool_choice as an object")
-    if value not in TOOL_CHOICES:
-        raise invalid_request(f"Invalid tool_choice: {value!r}")
-    return value
+def chat_tool_plan(fields: Fields, chat_template: Any) -> ToolPlan | None:
+    """The request's tool plan (None without tools), or a 400 for malformed tool fields."""
+    try:
+        return plan_tool_calling(fields.raw("tools"), fields.raw("tool_choice"), fields.raw("parallel_tool_calls"),
+                                 chat_template)
+    except ToolRequestError as error:
+        raise (field_error(error.field, error.message) if error.field else invalid_request(error.message)) from None
 
 
-def chat_tools(fields: Fields) -> list[dict] | None:
-    """The validated `tools` list, or None when the request has none."""
-    tools = fields.array("tools")
-    if not tools:
+def _tool_constraint(fields: Fields, chat_template: Any, tokenizer: Any, sources: list[str],
+                     compiler: Callable[[], GrammarCompiler]) -> Constraint | None:
+    """The grammar of a request with tools (None when it has none). Tools do not combine with
+    another constraint, whatever tool_choice says (llama-server refuses tools + grammar)."""
+    plan = chat_tool_plan(fields, chat_template)
+    if plan is None:
         return None
-    for index, tool in enumerate(tools):
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict) or tool.get("type", "function") != "function" \
-                or not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise field_error("tools", f"tools[{index}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")
-        if not isinstance(function.get("parameters", {}), dict):
-            raise field_error("tools", f"tools[{index}].function.parameters must be an object")
-    return tools
-
-
-def _check_tools(fields: Fields, grammar: str) -> None:
-    tools = chat_tools(fields)
-    choice = tool_choice(fields)
-    fields.boolean("parallel_tool_calls", False)
-    if tools and grammar:
-        raise invalid_request("Cannot use custom grammar constraints with tools.")
-    if tools and choice != "none":
-        raise not_supported_yet("tool calling ('tools' with tool_choice other than \"none\")")
-    if choice == "required" and not tools:
-        raise invalid_request("tool_choice \"required\" needs 'tools'")
+    if sources:
+        if sources[0] == "grammar":
+            raise invalid_request("Cannot use custom grammar constraints with tools.")
+        raise invalid_request(f"Cannot use {sources[0]} with tools.")
+    source = plan.grammar(tokenizer)
+    if source is None:  # tool_choice "none": tools are only shown to the model
+        return Constraint(tool_plan=plan)
+    try:
+        if source.kind == "json_schema":
+            grammar = compiler().compile_json_schema(source.source)
+        else:
+            grammar = compiler().compile_lark(source.source)
+    except GrammarError as error:
+        raise field_error("tools", str(error)) from None
+    return Constraint(grammar, source.text, tool_plan=plan)

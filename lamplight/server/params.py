@@ -91,6 +91,7 @@ class GenerationParams:
     settings_echo: dict | None = None  # generation_settings, echoed by the engine in /slots
     grammar: Any = None  # lamplight.grammar.CompiledGrammar
     grammar_text: str = ""
+    tool_plan: Any = None  # lamplight.tools.ToolPlan: chat requests with `tools`
 
     @property
     def n_probs(self) -> int:
@@ -121,11 +122,14 @@ def default_sampling(settings: ServerSettings) -> SamplingParams:
 
 
 def parse_generation_params(body: dict, endpoint: Endpoint, settings: ServerSettings,
-                            tokenizer: Any, n_parallel: int, grammar_compiler: Any = None) -> GenerationParams:
-    """`grammar_compiler`: a callable returning the model's GrammarCompiler (made on first use)."""
+                            tokenizer: Any, n_parallel: int, grammar_compiler: Any = None,
+                            chat_template: Any = None) -> GenerationParams:
+    """`grammar_compiler`: a callable returning the model's GrammarCompiler (made on first use).
+    `chat_template`: the model's ChatTemplate, which decides the tool-call format (chat only)."""
     fields = Fields(body)
     reject_unsupported_inputs(fields)
-    constraint = resolve_constraint(fields, endpoint is Endpoint.CHAT, grammar_compiler or _no_grammars)
+    constraint = resolve_constraint(fields, endpoint is Endpoint.CHAT, grammar_compiler or _no_grammars,
+                                    chat_template, tokenizer)
     sampling = _sampling(fields, settings, tokenizer, endpoint)
     stream = fields.boolean("stream", False)
     params = GenerationParams(
@@ -149,6 +153,7 @@ def parse_generation_params(body: dict, endpoint: Endpoint, settings: ServerSett
         lora=_lora(fields),
         grammar=constraint.grammar,
         grammar_text=constraint.echo,
+        tool_plan=constraint.tool_plan,
     )
     fields.integer("n_cache_reuse", 0, minimum=0)  # accepted; chunk reuse is not implemented
     if endpoint is Endpoint.CHAT:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from lamplight.engine.types import FinalEvent, Timings
 from lamplight.sampling import TokenProbs
+from lamplight.tools import finish_reason as tool_finish_reason
+from lamplight.tools import message_json
 
 from .probs import openai_logprobs
 from .response_context import ResponseContext
@@ -62,11 +64,20 @@ def completion_final_chunk(ctx: ResponseContext, index: int, final: FinalEvent, 
 
 # -- /v1/chat/completions ---------------------------------------------------------------------
 
+def chat_message(ctx: ResponseContext, final: FinalEvent) -> tuple[dict, str]:
+    """-> (message, finish_reason). With tools the text is parsed for calls (lamplight.tools)."""
+    plan = ctx.params.tool_plan
+    if plan is None or not plan.active:
+        return {"role": "assistant", "content": final.content}, final.finish_reason
+    parsed = plan.parse(final.content)
+    return message_json(parsed), tool_finish_reason(parsed, final.stop_type, final.finish_reason)
+
+
 def chat_response(ctx: ResponseContext, finals: dict[int, FinalEvent]) -> dict:
     choices = []
     for index, final in sorted(finals.items()):
-        choice = {"finish_reason": final.finish_reason, "index": index,
-                  "message": {"role": "assistant", "content": final.content}}
+        message, finish_reason = chat_message(ctx, final)
+        choice = {"finish_reason": finish_reason, "index": index, "message": message}
         logprobs = _logprobs(ctx, list(final.probs))
         if logprobs is not None:
             choice["logprobs"] = logprobs
@@ -102,8 +113,8 @@ def chat_delta_chunk(ctx: ResponseContext, index: int, delta: dict, prob: TokenP
     return chat_chunk(ctx, [choice])
 
 
-def chat_finish_chunk(ctx: ResponseContext, index: int, final: FinalEvent) -> dict:
-    return chat_chunk(ctx, [{"finish_reason": final.finish_reason, "index": index, "delta": {}}])
+def chat_finish_chunk(ctx: ResponseContext, index: int, final: FinalEvent, finish_reason: str | None = None) -> dict:
+    return chat_chunk(ctx, [{"finish_reason": finish_reason or final.finish_reason, "index": index, "delta": {}}])
 
 
 def chat_usage_chunk(ctx: ResponseContext, finals: dict[int, FinalEvent], timings: Timings) -> dict:

@@ -6,6 +6,8 @@ One formatter per streamed request; it remembers what each choice has streamed s
 from __future__ import annotations
 
 from lamplight.engine.types import Event, FinalEvent, PromptProgress, Timings, TokenEvent
+from lamplight.tools import ToolCallStream
+from lamplight.tools import finish_reason as tool_finish_reason
 
 from .responses_native import native_final, native_partial, native_progress, progress_json
 from .responses_openai import (
@@ -113,11 +115,20 @@ class CompletionStream(StreamFormat):
 
 class ChatStream(StreamFormat):
     """/v1/chat/completions: a role delta, content deltas, a finish chunk per choice, an optional
-    usage chunk (`stream_options.include_usage`), then [DONE]. Timings go on the last chunk."""
+    usage chunk (`stream_options.include_usage`), then [DONE]. Timings go on the last chunk.
+
+    With tools (tool_choice not "none") the text so far is parsed again after every token and
+    only the differences go out, as `content` and `tool_calls` deltas (lamplight.tools.stream):
+    text that may begin a call is held back. A token's logprobs ride on the last chunk it
+    produced, or on a chunk with an empty delta when it produced none (logprobs are allowed with
+    tools, streamed or not)."""
 
     def __init__(self, ctx: ResponseContext):
         super().__init__(ctx)
         self._role_sent: set[int] = set()
+        plan = ctx.params.tool_plan
+        self._plan = plan if plan is not None and plan.active else None
+        self._tool_streams: dict[int, ToolCallStream] = {}
 
     def on_progress(self, index: int, progress: PromptProgress) -> list[Payload]:
         delta = self._role_delta(index) or {}
@@ -128,16 +139,39 @@ class ChatStream(StreamFormat):
 
     def on_token(self, index: int, event: TokenEvent) -> list[Payload]:
         payloads = self._role_chunk(index)
+        if self._plan is not None:
+            if not event.text and event.prob is None:
+                return payloads
+            deltas = self._tool_stream(index).update(self.streamed[index])[0] if event.text else []
+            if not deltas and event.prob is None:
+                return payloads
+            return payloads + self._delta_chunks(index, deltas or [{}], event)
         if event.text or event.prob is not None:
             delta = {"content": event.text} if event.text else {}
             payloads.append(self._with_timings(chat_delta_chunk(self.ctx, index, delta, event.prob), index, event))
         return payloads
 
+    def _delta_chunks(self, index: int, deltas: list[dict], event: TokenEvent) -> list[Payload]:
+        chunks: list[Payload] = [chat_delta_chunk(self.ctx, index, delta) for delta in deltas[:-1]]
+        last = chat_delta_chunk(self.ctx, index, deltas[-1], event.prob)
+        chunks.append(self._with_timings(last, index, event))
+        return chunks
+
+    def _tool_stream(self, index: int) -> ToolCallStream:
+        if index not in self._tool_streams:
+            self._tool_streams[index] = ToolCallStream(self._plan)
+        return self._tool_streams[index]
+
     def on_final(self, index: int, final: FinalEvent, unsent: str) -> list[Payload]:
         payloads = self._role_chunk(index)
-        if unsent:
+        finish_reason = None
+        if self._plan is not None:
+            deltas, parsed = self._tool_stream(index).update(final.content, partial=False)
+            payloads += [chat_delta_chunk(self.ctx, index, delta) for delta in deltas]
+            finish_reason = tool_finish_reason(parsed, final.stop_type, final.finish_reason)
+        elif unsent:
             payloads.append(chat_delta_chunk(self.ctx, index, {"content": unsent}))
-        finish = chat_finish_chunk(self.ctx, index, final)
+        finish = chat_finish_chunk(self.ctx, index, final, finish_reason)
         if not self.ctx.params.include_usage:
             finish["timings"] = final.timings.to_json()
         payloads.append(finish)

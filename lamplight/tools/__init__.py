@@ -1,0 +1,37 @@
+"""OpenAI tool calling: formats, grammars, parsers and streaming deltas (README.md)."""
+
+from .formats import (
+    FORMATS,
+    GenericFormat,
+    GrammarSource,
+    HermesFormat,
+    Llama3Format,
+    MistralFormat,
+    ParsedMessage,
+    ToolFormat,
+)
+from .plan import ToolPlan, detect_format, plan_tool_calling, prompt_inputs
+from .spec import ToolCall, ToolRequestError, ToolSpec, new_tool_call_id
+from .stream import ToolCallStream, finish_reason, message_json
+
+__all__ = [
+    "FORMATS",
+    "GenericFormat",
+    "GrammarSource",
+    "HermesFormat",
+    "Llama3Format",
+    "MistralFormat",
+    "ParsedMessage",
+    "ToolCall",
+    "ToolCallStream",
+    "ToolFormat",
+    "ToolPlan",
+    "ToolRequestError",
+    "ToolSpec",
+    "detect_format",
+    "finish_reason",
+    "message_json",
+    "new_tool_call_id",
+    "plan_tool_calling",
+    "prompt_inputs",
+]

@@ -1,0 +1,389 @@
+"""Tool-call formats: how calls look in a model's output, the grammar that makes them valid, and
+the parser that reads them back (on the final text, and on every streamed prefix).
+
+Formats (chosen from the chat template's source, see detect.py):
+- generic: the whole reply is JSON, `{"tool_call": {"name", "arguments"}}`, `{"tool_calls": [...]}`
+  (parallel) or `{"response": "<text>"}` (tool_choice auto). See generic.py for the prompt side.
+- hermes (Hermes 2 Pro, Qwen 2.5/3): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`,
+  several separated by a newline; text may come before the first call.
+- llama3 (Llama 3.1+): `{"name": ..., "parameters": {...}}` as the whole reply, or after
+  `<|python_tag|>` when the template has that token; one call per reply.
+- mistral (Mistral Nemo): `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "<9 alnum>"}, ...]`.
+
+Parsing: `parse(text, partial)`. With partial=True (streaming) an unfinished call is reported with
+the arguments so far (a prefix of its final arguments), text that may be the start of a call
+marker is held back, and calls whose name is not known yet are left out. With partial=False
+anything that is not a well-formed call (e.g. cut by max_tokens) is content, as llama-server
+falls back to content when its parser fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .grammar_text import (
+    ANY_TEXT,
+    call_schema,
+    lark_json,
+    marker_lark,
+    one_of,
+    text_then,
+)
+from .json_scan import JsonMalformed, Node, minify, partial_string_value, scan_value, skip_ws
+from .spec import ToolCall
+
+if TYPE_CHECKING:
+    from .plan import ToolPlan
+
+
+@dataclass
+class ParsedMessage:
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class GrammarSource:
+    kind: str  # "lark" | "json_schema"
+    source: Any  # Lark text, or a JSON schema (dict)
+
+    @property
+    def text(self) -> str:
+        """The grammar as text the `grammar` field accepts (llguidance Lark), for echoes."""
+        if self.kind == "lark":
+            return self.source
+        return "%llguidance {}\nstart: " + lark_json(self.source) + "\n"
+
+
+class _Malformed(Exception):
+    pass
+
+
+def held_prefix(text: str, marker: str) -> int:
+    """How many trailing characters of `text` could begin `marker`."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0
+
+
+def hold_back(text: str, markers: tuple[str, ...]) -> str:
+    """Streamed content: without a trailing partial marker, nor trailing whitespace (it may be
+    the separator before a call; it is sent once more text or the end shows it is content)."""
+    cut = max((held_prefix(text, m) for m in markers), default=0)
+    return text[:len(text) - cut].rstrip()
+
+
+def call_from_object(text: str, node: Node, partial: bool, arguments_keys: tuple[str, ...] = ("arguments",),
+                     needs_id: bool = False) -> ToolCall | None:
+    """A call object -> ToolCall. None while partial and not yet reportable (name unknown, or
+    `needs_id` and the id not yet known); _Malformed when it can never be a call."""
+    if node.kind != "object":
+        raise _Malformed
+    if not node.complete and not partial:
+        raise _Malformed
+    name_node = node.get(text, "name")
+    if name_node is None or not name_node.complete:
+        if node.complete or (name_node is not None and name_node.kind != "string"):
+            raise _Malformed
+        return None
+    name = name_node.value(text)
+    if not isinstance(name, str) or not name:
+        raise _Malformed
+    id_node = node.get(text, "id")
+    call_id = None
+    if id_node is not None and id_node.complete:
+        call_id = id_node.value(text)
+        if not isinstance(call_id, str):
+            raise _Malformed
+    elif needs_id and not node.complete:
+        return None
+    args_node = next((n for key in arguments_keys if (n := node.get(text, key)) is not None), None)
+    if args_node is None:
+        if node.complete:
+            return ToolCall(name, "{}", call_id)
+        return ToolCall(name, "", call_id)
+    if args_node.kind == "string":  # arguments given as a JSON text
+        if not args_node.complete:
+            return ToolCall(name, "", call_id)
+        return ToolCall(name, args_node.value(text), call_id)
+    return ToolCall(name, minify(args_node.raw(text)), call_id)
+
+
+class ToolFormat:
+    name = "base"
+    title = ""  # llama.cpp's chat_format name
+    generic = False  # the prompt gets the generic protocol (generic.py)
+    triggers: tuple[str, ...] = ()  # where the lazy grammar of tool_choice "auto" starts (empty: not lazy)
+
+    def grammar(self, plan: "ToolPlan", tokenizer: Any) -> GrammarSource:
+        raise NotImplementedError
+
+    def parse(self, text: str, partial: bool = False) -> ParsedMessage:
+        raise NotImplementedError
+
+
+# -- generic ------------------------------------------------------------------------------------
+
+class GenericFormat(ToolFormat):
+    """The whole reply is one JSON object (llama.cpp's generic format)."""
+
+    name = "generic"
+    title = "Generic"
+    generic = True
+
+    def schema(self, plan: "ToolPlan") -> dict:
+        calls = one_of([call_schema(tool) for tool in plan.callable_tools])
+        if plan.parallel:
+            call = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": calls, "minItems": 1}},
+                    "required": ["tool_calls"]}
+        else:
+            call = {"type": "object", "properties": {"tool_call": calls}, "required": ["tool_call"]}
+        if plan.choice == "required":
+            return call
+        response = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
+        return {"anyOf": [call, response]}
+
+    def grammar(self, plan: "ToolPlan", tokenizer: Any) -> GrammarSource:
+        return GrammarSource("json_schema", self.schema(plan))
+
+    def parse(self, text: str, partial: bool = False) -> ParsedMessage:
+        try:
+            return self._parse(text, partial)
+        except (_Malformed, JsonMalformed):
+            return ParsedMessage(content=text)
+
+    def _parse(self, text: str, partial: bool) -> ParsedMessage:
+        root = scan_value(text, 0)
+        if root is None:
+            if partial:
+                return ParsedMessage()
+            raise _Malformed
+        if root.kind != "object":
+            raise _Malformed
+        if root.complete and skip_ws(text, root.end) != len(text):
+            raise _Malformed
+        if not root.complete and not partial:
+            raise _Malformed
+        if not root.members:
+            if root.complete:
+                raise _Malformed
+            return ParsedMessage()
+        key_node, value = root.members[0]
+        if not key_node.complete:
+            return ParsedMessage()
+        key = key_node.value(text)
+        if key not in ("tool_call", "tool_calls", "response") or (root.complete and len(root.members) != 1):
+            raise _Malformed
+        if value is None:
+            return ParsedMessage()
+        if key == "response":
+            if value.kind == "string":
+                return ParsedMessage(content=partial_string_value(text, value))
+            return ParsedMessage(content=value.raw(text) if value.complete else "")
+        if key == "tool_call":
+            call = call_from_object(text, value, partial)
+            return ParsedMessage(tool_calls=[call] if call is not None else [])
+        if value.kind != "array":
+            raise _Malformed
+        calls = []
+        for item in value.items:
+            call = call_from_object(text, item, partial)
+            if call is None:
+                break
+            calls.append(call)
+        if value.complete and not calls:
+            raise _Malformed
+        return ParsedMessage(tool_calls=calls)
+
+
+# -- Hermes / Qwen --------------------------------------------------------------------------------
+
+class HermesFormat(ToolFormat):
+    name = "hermes"
+    title = "Hermes 2 Pro"
+    OPEN = "<tool_call>"
+    CLOSE = "</tool_call>"
+    triggers = (OPEN,)
+
+    def grammar(self, plan: "ToolPlan", tokenizer: Any) -> GrammarSource:
+        open_, open_is_token = marker_lark(tokenizer, self.OPEN)
+        close, _ = marker_lark(tokenizer, self.CLOSE)
+        body = f'"\\n" call_json "\\n" {close}'
+        more = f' ("\\n" {open_} {body})*' if plan.parallel else ""
+        rules = ["%llguidance {}"]
+        if plan.choice == "required":
+            rules.append(f"start: {open_} {body}{more}")
+        else:
+            first, extra = text_then(open_, open_is_token)
+            rules.append(f"start: TEXT | {first} {body}{more}")
+            rules += extra
+        rules.append(ANY_TEXT)
+        rules.append("call_json: " + lark_json(one_of([call_schema(t) for t in plan.callable_tools])))
+        return GrammarSource("lark", "\n".join(rules) + "\n")
+
+    def parse(self, text: str, partial: bool = False) -> ParsedMessage:
+        content: list[str] = []
+        calls: list[ToolCall] = []
+        pos = 0
+        while True:
+            at = text.find(self.OPEN, pos)
+            if at < 0:
+                rest = text[pos:]
+                if calls and not rest.strip():
+                    rest = ""
+                content.append(hold_back(rest, (self.OPEN,)) if partial else rest)
+                break
+            before = text[pos:at]
+            if not calls or before.strip():
+                content.append(before)
+            outcome = self._call_at(text, at + len(self.OPEN), partial)
+            if outcome is None:  # not a call: the rest is content
+                content.append(text[at:])
+                break
+            call, next_pos = outcome
+            if call is not None:
+                calls.append(call)
+            if next_pos is None:  # unfinished (partial)
+                break
+            pos = next_pos
+        joined = "".join(content)
+        if calls and not joined.strip():
+            joined = ""
+        return ParsedMessage(joined, calls)
+
+    def _call_at(self, text: str, start: int, partial: bool) -> tuple[ToolCall | None, int | None] | None:
+        """-> (call, where the text continues; None while unfinished), or None if malformed."""
+        try:
+            node = scan_value(text, start)
+            if node is None:
+                return (None, None) if partial else None
+            call = call_from_object(text, node, partial)
+        except (_Malformed, JsonMalformed):
+            return None
+        if not node.complete:
+            return (call, None) if partial else None
+        after = skip_ws(text, node.end)
+        if text.startswith(self.CLOSE, after):
+            return call, after + len(self.CLOSE)
+        rest = text[after:]
+        if not rest or (partial and self.CLOSE.startswith(rest)):
+            return call, (None if partial and rest else len(text))
+        return None
+
+
+# -- Llama 3.x ------------------------------------------------------------------------------------
+
+class Llama3Format(ToolFormat):
+    name = "llama3"
+    PYTHON_TAG = "<|python_tag|>"
+
+    def __init__(self, python_tag: bool = False):
+        self.python_tag = python_tag  # the template knows <|python_tag|>
+        self.title = "Llama 3.x with builtin tools" if python_tag else "Llama 3.x"
+        self.triggers = ("{", self.PYTHON_TAG) if python_tag else ("{",)
+
+    def grammar(self, plan: "ToolPlan", tokenizer: Any) -> GrammarSource:
+        schemas = [call_schema(t, "parameters") for t in plan.callable_tools]
+        rules = ["%llguidance {}"]
+        if plan.choice == "required":
+            rules.append("start: call")
+        else:
+            # A reply that starts with "{" is a call; any other text is content. No text lexeme
+            # may start with "{": the JSON's lexemes must be the only reading of a leading brace.
+            alternatives = ["PLAIN?", "WS", "WS? call"]
+            if self.python_tag:
+                tag, tag_is_token = marker_lark(tokenizer, self.PYTHON_TAG)
+                if tag_is_token:
+                    alternatives.append(f"(PLAIN | WS)? {tag} call")
+                else:
+                    alternatives.append("trigger call")
+                    rules.append(f"trigger[lazy]: LEAD {tag}")
+                    rules.append(r"LEAD: /([ \t\n]*[^{ \t\n](.|\n)*)?/")
+            rules.append("start: " + " | ".join(alternatives))
+            rules.append(r"PLAIN: /[ \t\n]*[^{ \t\n](.|\n)*/")
+            rules.append(r"WS: /[ \t\n]+/")
+        rules.append("call: " + lark_json(one_of(schemas)))
+        return GrammarSource("lark", "\n".join(rules) + "\n")
+
+    def parse(self, text: str, partial: bool = False) -> ParsedMessage:
+        at = text.find(self.PYTHON_TAG)
+        if at >= 0:
+            content, start = text[:at], at + len(self.PYTHON_TAG)
+        else:
+            start = skip_ws(text, 0)
+            if start == len(text) or text[start] != "{":
+                if partial:
+                    return ParsedMessage(hold_back(text, (self.PYTHON_TAG,)))
+                return ParsedMessage(text)
+            content = ""
+        try:
+            node = scan_value(text, start)
+            if node is None:
+                if partial:
+                    return ParsedMessage(content)
+                raise _Malformed
+            call = call_from_object(text, node, partial, ("parameters", "arguments"))
+            if node.complete and skip_ws(text, node.end) != len(text):
+                raise _Malformed
+        except (_Malformed, JsonMalformed):
+            return ParsedMessage(text)
+        return ParsedMessage(content, [call] if call is not None else [])
+
+
+# -- Mistral Nemo ---------------------------------------------------------------------------------
+
+class MistralFormat(ToolFormat):
+    name = "mistral"
+    title = "Mistral Nemo"
+    MARKER = "[TOOL_CALLS]"
+    triggers = (MARKER,)
+    ID_SCHEMA = {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}
+
+    def grammar(self, plan: "ToolPlan", tokenizer: Any) -> GrammarSource:
+        marker, marker_is_token = marker_lark(tokenizer, self.MARKER)
+        items = one_of([call_schema(t, extra={"id": self.ID_SCHEMA}) for t in plan.callable_tools])
+        array: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
+        if not plan.parallel:
+            array["maxItems"] = 1
+        rules = ["%llguidance {}"]
+        if plan.choice == "required":
+            rules.append(f"start: {marker} calls")
+        else:
+            first, extra = text_then(marker, marker_is_token)
+            rules.append(f"start: TEXT | {first} calls")
+            rules += extra
+        rules.append(ANY_TEXT)
+        rules.append("calls: " + lark_json(array))
+        return GrammarSource("lark", "\n".join(rules) + "\n")
+
+    def parse(self, text: str, partial: bool = False) -> ParsedMessage:
+        at = text.find(self.MARKER)
+        if at < 0:
+            return ParsedMessage(hold_back(text, (self.MARKER,)) if partial else text)
+        content = text[:at]
+        try:
+            node = scan_value(text, at + len(self.MARKER))
+            if node is None:
+                if partial:
+                    return ParsedMessage(content)
+                raise _Malformed
+            if node.kind != "array" or (not node.complete and not partial):
+                raise _Malformed
+            if node.complete and skip_ws(text, node.end) != len(text):
+                raise _Malformed
+            calls = []
+            for item in node.items:
+                call = call_from_object(text, item, partial, needs_id=True)
+                if call is None:
+                    break
+                calls.append(call)
+            if node.complete and not calls:
+                raise _Malformed
+        except (_Malformed, JsonMalformed):
+            return ParsedMessage(text)
+        return ParsedMessage(content, calls)
+
+
+FORMATS = {"generic": GenericFormat, "hermes": HermesFormat, "llama3": Llama3Format, "mistral": MistralFormat}

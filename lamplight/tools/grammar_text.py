@@ -1,0 +1,66 @@
+"""Pieces of the tool-call grammars: call schemas (llama.cpp's JSON-schema rules) and Lark text.
+
+Native formats are llguidance Lark grammars with the JSON parts inlined as `%json {...}`; the
+generic format is a plain JSON schema. Schemas get llama.cpp's treatment (objects listing
+`properties` are closed; whitespace as llama.cpp's `space` rule) so a tool's `parameters`
+constrain the same way whether they come in `json_schema` or in `tools`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from lamplight.grammar.json_schema import LLAMA_CPP_JSON_OPTIONS, llama_cpp_schema
+
+from .spec import ToolSpec
+
+# Any text, before a trigger or as a whole reply (special tokens excluded: llguidance never
+# matches control tokens with text).
+ANY_TEXT = r"TEXT: /(.|\n)*/"
+
+
+def call_schema(tool: ToolSpec, arguments_key: str = "arguments", extra: dict | None = None) -> dict:
+    """`{"name": <the tool's name>, <arguments_key>: <its parameters>}` as a closed object."""
+    properties: dict[str, Any] = {"name": {"const": tool.name}, arguments_key: tool.parameters}
+    required = ["name", arguments_key]
+    for key, schema in (extra or {}).items():
+        properties[key] = schema
+        required.append(key)
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+
+
+def one_of(schemas: list[dict]) -> dict:
+    return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+
+
+def lark_json(schema: dict) -> str:
+    """An inline `%json` block with llama.cpp's JSON rules."""
+    prepared = llama_cpp_schema(schema)
+    prepared = {"x-guidance": dict(LLAMA_CPP_JSON_OPTIONS), **prepared}
+    return "%json " + json.dumps(prepared, ensure_ascii=False)
+
+
+def lark_literal(text: str) -> str:
+    return json.dumps(text)
+
+
+def marker_lark(tokenizer: Any, marker: str) -> tuple[str, bool]:
+    """How a grammar spells a format's marker: `<[id]>` when the vocabulary has it as one control
+    token (llguidance never matches those with text), else a string literal. -> (lark, is_token)."""
+    if tokenizer is not None:
+        ids = tokenizer.encode(marker, add_special=False, parse_special=True)
+        if len(ids) == 1 and tokenizer.is_control(ids[0]):
+            return f"<[{ids[0]}]>", True
+    return lark_literal(marker), False
+
+
+def text_then(marker: str, marker_is_token: bool, rule: str = "trigger") -> tuple[str, list[str]]:
+    """Free text ending with `marker`, as a grammar expression plus the rules it needs.
+
+    With a control token the text simply stops before the token. With a text marker the text is
+    a *lazy* lexeme: it ends at the first occurrence of the marker, so the constrained part starts
+    right there, even when the marker's last characters came inside a larger token."""
+    if marker_is_token:
+        return f"TEXT {marker}", []
+    return rule, [f"{rule}[lazy]: TEXT {marker}"]

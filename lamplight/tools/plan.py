@@ -1,0 +1,106 @@
+"""What a chat request with tools needs: the format, the prompt's messages/tools, the grammar,
+and the parser for the answer.
+
+Format detection follows llama.cpp's template-substring checks (semantics doc 5.2), in its
+order, for the formats implemented here:
+    template does not use `tools`                          -> generic
+    `<tool_call>`                                          -> hermes (Hermes 2 Pro, Qwen 2.5/3)
+    `<|start_header_id|>ipython<|end_header_id|>`          -> llama3 (+ `<|python_tag|>` if present)
+    `[TOOL_CALLS]`                                         -> mistral (Nemo)
+    anything else                                          -> generic (the template still gets `tools`)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from lamplight.chat import normalize_messages
+
+from . import generic
+from .formats import GenericFormat, GrammarSource, HermesFormat, Llama3Format, MistralFormat, ParsedMessage, ToolFormat
+from .spec import ToolRequestError, ToolSpec, parse_tool_choice, parse_tools
+
+LLAMA3_IPYTHON = "<|start_header_id|>ipython<|end_header_id|>"
+
+
+def detect_format(template: Any) -> ToolFormat:
+    """The tool-call format of a ChatTemplate (None: no template, i.e. generic)."""
+    source = getattr(template, "source", "") or ""
+    if template is None or not getattr(template, "supports_tools", False):
+        return GenericFormat()
+    if HermesFormat.OPEN in source:
+        return HermesFormat()
+    if LLAMA3_IPYTHON in source:
+        return Llama3Format(python_tag=Llama3Format.PYTHON_TAG in source)
+    if MistralFormat.MARKER in source:
+        return MistralFormat()
+    return GenericFormat()
+
+
+@dataclass
+class ToolPlan:
+    format: ToolFormat
+    tools: list[ToolSpec]
+    raw_tools: list[dict]  # as the request sent them (what templates iterate)
+    choice: str  # auto | required | none
+    forced: str | None  # tool_choice named this function
+    parallel: bool
+
+    @property
+    def active(self) -> bool:
+        """Constrained and parsed (tool_choice is not "none")."""
+        return self.choice != "none"
+
+    @property
+    def callable_tools(self) -> list[ToolSpec]:
+        if self.forced is None:
+            return self.tools
+        return [tool for tool in self.tools if tool.name == self.forced]
+
+    def grammar(self, tokenizer: Any) -> GrammarSource | None:
+        return self.format.grammar(self, tokenizer) if self.active else None
+
+    def parse(self, text: str, partial: bool = False) -> ParsedMessage:
+        return self.format.parse(text, partial)
+
+    def settings_echo(self) -> dict:
+        """generation_settings keys that describe tool calling (llama-server's names)."""
+        if not self.active:
+            return {}
+        lazy = self.choice == "auto" and bool(self.format.triggers)
+        return {
+            "grammar_lazy": lazy,
+            "grammar_triggers": [{"type": 1, "value": trigger} for trigger in self.format.triggers] if lazy else [],
+            "chat_format": self.format.title,
+        }
+
+
+def plan_tool_calling(tools: Any, tool_choice: Any, parallel_tool_calls: Any, template: Any) -> ToolPlan | None:
+    """The plan for a chat request, or None when it has no tools. ToolRequestError if malformed."""
+    specs = parse_tools(tools)
+    choice, forced = parse_tool_choice(tool_choice, specs)
+    if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
+        raise ToolRequestError("parallel_tool_calls", f"must be a boolean, got {parallel_tool_calls!r}")
+    if not specs:
+        return None
+    # OpenAI's default is parallel calls; a named function is one call of that function.
+    parallel = (True if parallel_tool_calls is None else parallel_tool_calls) and forced is None
+    return ToolPlan(detect_format(template), specs, list(tools), choice, forced, parallel)
+
+
+def prompt_inputs(messages: Any, template: Any, plan: ToolPlan | None) -> tuple[list[dict], list[dict] | None]:
+    """-> (messages, tools) to render the template with.
+
+    Templates that render tools get the request's tools (also with tool_choice "none", as
+    llama-server does) and the conversation untouched. Otherwise the generic protocol is spelled
+    out in the messages (generic.py)."""
+    supports_tools = bool(getattr(template, "supports_tools", False))
+    if plan is not None and plan.active and plan.format.generic:
+        messages = generic.protocol_messages(normalize_messages(messages), plan)
+    elif not supports_tools:
+        normalized = normalize_messages(messages)
+        if generic.has_tool_turns(normalized):
+            messages = generic.history_messages(normalized)
+    tools = plan.raw_tools if plan is not None and supports_tools else None
+    return messages, tools
