@@ -262,3 +262,14 @@ def test_fast_decode_rows_are_bit_identical_alone_and_batched(tmp_path):
     together = decode_last(seqs)
     for i, s in enumerate(seqs):
         assert torch.equal(decode_last([s])[0], together[i])
+
+
+def test_dense_kernel_rows_do_not_depend_on_their_neighbours():
+    from lamplight.kernels.linear import BATCH_INVARIANT_ROWS, DenseKernel
+
+    torch.manual_seed(0)
+    kernel = DenseKernel(torch.randn(320, 576), torch.float32, BATCH_INVARIANT_ROWS)
+    x = torch.randn(70, 576)
+    full = kernel(x)
+    for start, count in [(0, 1), (3, 2), (5, 7), (10, 13), (0, 70)]:
+        assert torch.equal(kernel(x[start : start + count]), full[start : start + count])

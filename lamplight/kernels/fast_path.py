@@ -1,10 +1,13 @@
 """Switch a loaded model from the float32 reference path to fast kernels.
 
-On CPU: every Q4_0/Q4_1/Q4_K weight becomes PyTorch's packed int4 matmul (bf16 activations),
-every other weight a bf16 dense matrix, and Q/K/V and gate/up are fused into one matmul each
-where their formats allow. A tied output head gets a bf16 copy of the embedding (the float32
-table stays for lookups). On CUDA every weight becomes bf16 dense (cuBLAS is fast there).
-The float32 weights are dropped, so memory shrinks too; the model code does not change.
+On CPU, measured on an AVX2 machine: PyTorch's packed int4 matmul (bf16 activations) beats a
+float32 GEMV several times over for a few rows but costs the same per row at any row count,
+while MKL's float32 GEMM gets cheaper per row as rows grow; bf16 dense matmuls are slower than
+float32 on CPUs without bf16 instructions. So every Q4_0/Q4_1/Q4_K weight gets the int4 kernel
+for decode rows plus its float32 matrix for prompt chunks (see Int4CpuKernel), Q/K/V and
+gate/up are fused into one matmul each where their formats allow, and every other weight (and
+the output head) stays float32. On CUDA every weight becomes bf16 dense (cuBLAS is fast there).
+The model code does not change.
 """
 
 from __future__ import annotations
@@ -14,36 +17,42 @@ from torch import nn
 
 from ..models.base import CausalLM
 from ..models.layers import LinearGroup, QuantLinear
-from .linear import DenseKernel, Int4CpuKernel
+from .linear import BATCH_INVARIANT_ROWS, DenseKernel, Int4CpuKernel, RowSplit
 from .unpack import INT4_TYPES, unpack_int4
 
 
 def use_fast_path(model: CausalLM, device: str = "cpu") -> CausalLM:
     cpu = torch.device(device).type == "cpu"
-    grouped: set[int] = set()
+    split = RowSplit()
+    model.row_split = split
     for module in model.modules():
         if isinstance(module, LinearGroup):
-            module.fused = _fused_kernel(list(module.members), cpu)
-            grouped.update(id(m) for m in module.members)
+            module.fused = _fused_kernel(list(module.members), cpu, split)
     for module in model.modules():
         if isinstance(module, QuantLinear):
-            module.kernel = _kernel(module, cpu)
+            module.kernel = _kernel(module, cpu, split)
     if getattr(model, "output", None) is None:
-        model.tied_head_kernel = DenseKernel(model.token_embd, torch.bfloat16)
+        head = (model.token_embd, torch.float32, BATCH_INVARIANT_ROWS) if cpu else (model.token_embd, torch.bfloat16)
+        model.tied_head_kernel = DenseKernel(*head)
     return model
 
 
-def _kernel(layer: QuantLinear, cpu: bool):
-    if cpu and layer.qtype in INT4_TYPES:
-        return Int4CpuKernel(*unpack_int4(layer.info))
-    return DenseKernel(layer.weight, torch.bfloat16)
+def _kernel(layer: QuantLinear, cpu: bool, split: RowSplit):
+    if not cpu:
+        return DenseKernel(layer.weight, torch.bfloat16)
+    if layer.qtype in INT4_TYPES:
+        return Int4CpuKernel(*unpack_int4(layer.info), dense=layer.weight, split=split)
+    return DenseKernel(layer.weight, torch.float32, BATCH_INVARIANT_ROWS)
 
 
-def _fused_kernel(members: list[QuantLinear], cpu: bool):
-    if cpu and all(m.qtype in INT4_TYPES for m in members):
+def _fused_kernel(members: list[QuantLinear], cpu: bool, split: RowSplit):
+    dense = torch.cat([m.weight for m in members], dim=0)
+    if not cpu:
+        return DenseKernel(dense, torch.bfloat16)
+    if all(m.qtype in INT4_TYPES for m in members):
         parts = [unpack_int4(m.info) for m in members]
-        return Int4CpuKernel(*(torch.cat(p, dim=0) for p in zip(*parts)))
-    return DenseKernel(torch.cat([m.weight for m in members], dim=0), torch.bfloat16)
+        return Int4CpuKernel(*(torch.cat(p, dim=0) for p in zip(*parts)), dense=dense, split=split)
+    return DenseKernel(dense, torch.float32, BATCH_INVARIANT_ROWS)
 
 
 def is_fast(model: nn.Module) -> bool:

@@ -13,33 +13,72 @@ from .unpack import GROUP
 
 
 class DenseKernel:
-    """A dense weight in a chosen dtype (float32 reference, or bf16 for the fast path)."""
+    """A dense weight in a chosen dtype (float32 reference, or bf16 on CUDA).
 
-    def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
+    `row_multiple` pads the rows to a multiple of it: MKL's float32 kernels sum a row in another
+    order when it falls in a remainder block (or in the 1-3 row matrix-vector path), so a row's
+    result would depend on how many rows came with it; with the rows padded to a multiple of 4
+    every row is summed alike (checked on this project's machines, tests/test_models.py).
+    """
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, row_multiple: int = 1):
         self.weight = weight.to(dtype).contiguous()
         self.dtype = dtype
+        self.row_multiple = row_multiple
 
     @property
     def out_features(self) -> int:
         return self.weight.shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x.to(self.dtype), self.weight).float()
+        flat = x.reshape(-1, x.shape[-1]).to(self.dtype)
+        n = flat.shape[0]
+        pad = -n % self.row_multiple
+        if pad:
+            flat = torch.cat((flat, flat.new_zeros(pad, flat.shape[1])))
+        y = F.linear(flat, self.weight)[:n].float()
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+class RowSplit:
+    """How many leading rows of the current step are decode tokens (set by the model per step)."""
+
+    decode_rows: int = 0
+
+
+# Float32 matmuls pad their rows to a multiple of this (see DenseKernel).
+BATCH_INVARIANT_ROWS = 4
 
 
 class Int4CpuKernel:
     """PyTorch's CPU int4 matmul: 4-bit weights in groups of 32 with bf16 scale and zero.
 
     It reproduces GGUF's Q4_0/Q4_1/Q4_K values up to rounding the fp16 scales to bf16, and is
-    fast only with bf16 activations (float32 activations take a path about 10x slower).
+    fast only with bf16 activations (float32 activations take a path about 10x slower). It works
+    row by row (its cost grows linearly with the rows), so prompt rows (those after the step's
+    decode rows) go to a float32 GEMM instead. Each row's kernel depends only on whether it is a
+    decode token, never on what else is in the step, which keeps results batch-invariant.
     """
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                 dense: torch.Tensor | None = None, split: RowSplit | None = None):
         self.out_features, self.in_features = q.shape
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
         self.scales_zeros = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
+        self.dense = DenseKernel(dense, torch.float32, BATCH_INVARIANT_ROWS) if dense is not None else None
+        self.split = split or RowSplit()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
-        return y.float().reshape(*x.shape[:-1], self.out_features)
+        flat = x.reshape(-1, self.in_features)
+        n_decode = min(self.split.decode_rows, flat.shape[0])
+        if self.dense is None or n_decode == flat.shape[0]:
+            y = self._int4(flat)
+        elif n_decode == 0:
+            y = self.dense(flat)
+        else:
+            y = torch.cat((self._int4(flat[:n_decode]), self.dense(flat[n_decode:])))
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _int4(self, rows: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), self.packed, GROUP, self.scales_zeros)
+        return y.float()

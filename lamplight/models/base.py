@@ -43,7 +43,11 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
 
+    row_split = None  # set by the fast path: its kernels treat decode rows apart from prompt rows
+
     def embed(self, batch: ForwardBatch) -> torch.Tensor:
+        if self.row_split is not None:
+            self.row_split.decode_rows = batch.leading_decode_tokens
         h = self.token_embd[batch.token_ids]
         if batch.embedding_overrides is not None:
             rows, values = batch.embedding_overrides

@@ -63,6 +63,8 @@ class ForwardBatch:
     logit_rows: torch.Tensor  # [N] rows whose logits are returned, in chunk order
     # Optional embeddings that replace token embeddings at given rows (multimodal splicing).
     embedding_overrides: tuple[torch.Tensor, torch.Tensor] | None = None
+    # How many leading rows are single-token (decode) chunks; kernels may treat them apart.
+    leading_decode_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -97,12 +99,14 @@ def build_forward_batch(chunks: Sequence[SequenceChunk], device: torch.device | 
         groups.append(_make_group(decode, device))
     groups.extend(_make_group([item], device) for item in prefill)
     as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+    leading_decode = next((i for i, c in enumerate(chunks) if len(c.token_ids) != 1), len(chunks))
     return ForwardBatch(
         token_ids=as_long(token_ids),
         positions=as_long(positions),
         kv_write_slots=as_long(write_slots),
         groups=groups,
         logit_rows=as_long(logit_rows),
+        leading_decode_tokens=leading_decode,
     )
 
 
