@@ -7,11 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from test_server_support import ServerThread
+from test_server_support import model_server
 
-import lamplight
-from lamplight.server import ServerSettings, ServerState
-from lamplight.server.launcher import EngineOptions, build_engine
 
 pytestmark = pytest.mark.real_model
 
@@ -20,15 +17,9 @@ PROMPT = "Once upon a time, in a small village,"
 
 @pytest.fixture(scope="module")
 def client(smollm2_path):
-    loaded = lamplight.load(str(smollm2_path), fast=True)
-    engine = build_engine(loaded, EngineOptions(n_ctx=8 * 512, n_parallel=8))
-    state = ServerState(ServerSettings())
-    state.attach(loaded, engine)
-    server = ServerThread(state).start()
-    with httpx.Client(base_url=server.url, timeout=300) as http:
-        yield http
-    server.stop()
-    engine.stop()
+    with model_server(smollm2_path, fast=True, n_ctx=8 * 512, n_parallel=8) as (server, _):
+        with httpx.Client(base_url=server.url, timeout=300) as http:
+            yield http
 
 
 def complete(client, **body) -> dict:

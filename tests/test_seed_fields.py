@@ -14,7 +14,7 @@ import httpx
 import pytest
 from test_lora import TARGETS, merged_model
 from test_server_cli import free_port
-from test_server_support import ServerThread, sse_events
+from test_server_support import assert_error, serve, sse_events
 from tiny_gguf import write_tiny_llama, write_tiny_lora
 
 import lamplight
@@ -22,27 +22,13 @@ from lamplight.cli import build_parser, engine_options, main, server_settings
 from lamplight.gguf.file import GGUFFile
 from lamplight.models import load_model
 from lamplight.models.scoring import greedy
-from lamplight.server import ServerSettings, ServerState
+from lamplight.server import ServerSettings
 from lamplight.server.infill import FimTokens, InfillInput, format_infill_prompt
 from lamplight.server.launcher import EngineOptions, StartupError, build_engine, load_adapters
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 # Byte tokens \x01..\x05 of the tiny vocabulary stand in for FIM_PRE, FIM_SUF, FIM_MID, FIM_REP, FIM_SEP.
 FIM = FimTokens(prefix=4, suffix=5, middle=6, repo=7, sep=8)
-
-
-def assert_error(response: httpx.Response, code: int, type_: str, message_part: str = "") -> dict:
-    assert response.status_code == code, response.text
-    error = response.json()["error"]
-    assert error["code"] == code and error["type"] == type_, error
-    assert message_part in error["message"], error
-    return error
-
-
-def serve(loaded, engine, settings: ServerSettings | None = None) -> ServerThread:
-    state = ServerState(settings or ServerSettings())
-    state.attach(loaded, engine)
-    return ServerThread(state).start()
 
 
 @pytest.fixture(scope="module")

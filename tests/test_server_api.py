@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 from conftest import load_jsonl
-from test_server_support import ServerThread, sse_events
+from test_server_support import ServerThread, assert_error, sse_events
 from tiny_gguf import write_tiny_llama
 
 import lamplight
@@ -67,14 +67,6 @@ def client(server):
 @pytest.fixture(scope="module")
 def oai(server):
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-def assert_error(response: httpx.Response, code: int, type_: str, message_part: str = "") -> dict:
-    assert response.status_code == code, response.text
-    error = response.json()["error"]
-    assert error["code"] == code and error["type"] == type_, error
-    assert message_part in error["message"], error
-    return error
 
 
 def assert_same_shape(ours, theirs, path="$"):

@@ -7,11 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
-from test_server_support import ServerThread
+from test_server_support import model_server
 
-import lamplight
-from lamplight.server import ServerSettings, ServerState
-from lamplight.server.launcher import EngineOptions, build_engine
 
 pytestmark = pytest.mark.real_model
 
@@ -29,14 +26,8 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module", params=["reference", "fast"])
 def client(request, smollm2_path):
-    loaded = lamplight.load(str(smollm2_path), fast=request.param == "fast")
-    engine = build_engine(loaded, EngineOptions(n_ctx=8 * 256, n_parallel=8))
-    state = ServerState(ServerSettings())
-    state.attach(loaded, engine)
-    server = ServerThread(state).start()
-    yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
-    server.stop()
-    engine.stop()
+    with model_server(smollm2_path, fast=request.param == "fast", n_ctx=8 * 256, n_parallel=8) as (server, _):
+        yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
 
 
 def chat(client, question: str, **extra):

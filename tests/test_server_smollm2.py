@@ -6,11 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 from conftest import load_jsonl
-from test_server_support import ServerThread, sse_events
+from test_server_support import model_server, sse_events
 
-import lamplight
-from lamplight.server import ServerSettings, ServerState
-from lamplight.server.launcher import EngineOptions, build_engine
 
 pytestmark = pytest.mark.real_model
 
@@ -19,15 +16,9 @@ EXAMPLES = {e["name"]: e for e in load_jsonl("llama-server-examples.jsonl")}
 
 @pytest.fixture(scope="module")
 def client(smollm2_path):
-    loaded = lamplight.load(str(smollm2_path))
-    engine = build_engine(loaded, EngineOptions(n_ctx=2048, n_parallel=2, n_ubatch=128))
-    state = ServerState(ServerSettings())
-    state.attach(loaded, engine)
-    server = ServerThread(state).start()
-    with httpx.Client(base_url=server.url, timeout=120) as client:
-        yield client
-    server.stop()
-    engine.stop()
+    with model_server(smollm2_path, n_ctx=2048, n_parallel=2, n_ubatch=128) as (server, _):
+        with httpx.Client(base_url=server.url, timeout=120) as client:
+            yield client
 
 
 @pytest.mark.parametrize("name", ["tokenize", "detokenize", "apply_template"])

@@ -5,7 +5,6 @@ client disconnects (which must cancel the generation)."""
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import openai

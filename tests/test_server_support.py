@@ -12,7 +12,11 @@ from typing import Any
 
 import uvicorn
 
-from lamplight.server import ServerState, create_app
+import contextlib
+
+import httpx
+
+from lamplight.server import ServerSettings, ServerState, create_app
 
 
 class ServerThread:
@@ -44,6 +48,38 @@ class ServerThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+def serve(loaded, engine, settings: ServerSettings | None = None) -> ServerThread:
+    """A started server for an already loaded model and engine."""
+    state = ServerState(settings or ServerSettings())
+    state.attach(loaded, engine)
+    return ServerThread(state).start()
+
+
+@contextlib.contextmanager
+def model_server(path, *, fast: bool = False, n_ctx: int = 2048, n_parallel: int = 4, **engine_options):
+    """Load a GGUF, start its engine and a server; stop both afterwards. Yields (server, loaded)."""
+    import lamplight
+    from lamplight.server.launcher import EngineOptions, build_engine
+
+    loaded = lamplight.load(str(path), fast=fast)
+    engine = build_engine(loaded, EngineOptions(n_ctx=n_ctx, n_parallel=n_parallel, **engine_options))
+    server = serve(loaded, engine)
+    try:
+        yield server, loaded
+    finally:
+        server.stop()
+        engine.stop()
+
+
+def assert_error(response: httpx.Response, code: int, type_: str, message_part: str = "") -> dict:
+    """The response is an error in llama-server's shape with this code, type and message part."""
+    assert response.status_code == code, response.text
+    error = response.json()["error"]
+    assert error["code"] == code and error["type"] == type_, error
+    assert message_part in error["message"], error
+    return error
 
 
 def sse_events(text: str) -> list[Any]:

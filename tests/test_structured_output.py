@@ -10,13 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import jsonschema
 import pytest
-from test_server_support import ServerThread
+from test_server_support import model_server
 
-import lamplight
 from lamplight.grammar import GrammarCompiler
 from lamplight.grammar.corpus import GBNF_CASES, SCHEMA_CASES
-from lamplight.server import ServerSettings, ServerState
-from lamplight.server.launcher import EngineOptions, build_engine
 
 pytestmark = pytest.mark.real_model
 
@@ -26,14 +23,8 @@ MAX_TOKENS = 256
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
-    loaded = lamplight.load(str(smollm2_path), fast=True)
-    engine = build_engine(loaded, EngineOptions(n_ctx=8 * 512, n_parallel=8))
-    state = ServerState(ServerSettings())
-    state.attach(loaded, engine)
-    thread = ServerThread(state).start()
-    yield thread, loaded
-    thread.stop()
-    engine.stop()
+    with model_server(smollm2_path, fast=True, n_ctx=8 * 512, n_parallel=8) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

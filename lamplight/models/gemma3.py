@@ -19,25 +19,19 @@ from ..engine.kv_cache import KVCache
 from ..gguf.file import GGUFFile
 from .base import CausalLM, WeightSource, read_common_config
 from .batch import ForwardBatch
-from .layers import LinearGroup, RMSNorm, Rotary, paged_attention
+from .layers import DecoderBlock, RMSNorm, Rotary, paged_attention
 
 GLOBAL_LAYER_PERIOD = 6  # layers 5, 11, 17, ... attend globally (llama.cpp: swa pattern 6)
 LOCAL_ROPE_BASE = 10000.0
 
 
-class Gemma3Block(nn.Module):
+class Gemma3Block(DecoderBlock):
     def __init__(self, w: WeightSource, i: int, eps: float):
-        super().__init__()
-        p = f"blk.{i}."
-        self.attn_norm = RMSNorm(w.dense(p + "attn_norm.weight"), eps)
-        self.qkv = LinearGroup(w.linear(p + "attn_q.weight"), w.linear(p + "attn_k.weight"), w.linear(p + "attn_v.weight"))
-        self.wo = w.linear(p + "attn_output.weight")
+        super().__init__(w, i, eps)
+        p = self.prefix
         self.q_norm = RMSNorm(w.dense(p + "attn_q_norm.weight"), eps)
         self.k_norm = RMSNorm(w.dense(p + "attn_k_norm.weight"), eps)
         self.post_attn_norm = RMSNorm(w.dense(p + "post_attention_norm.weight"), eps)
-        self.ffn_norm = RMSNorm(w.dense(p + "ffn_norm.weight"), eps)
-        self.gate_up = LinearGroup(w.linear(p + "ffn_gate.weight"), w.linear(p + "ffn_up.weight"))
-        self.down = w.linear(p + "ffn_down.weight")
         self.post_ffn_norm = RMSNorm(w.dense(p + "post_ffw_norm.weight"), eps)
         self.is_global = (i + 1) % GLOBAL_LAYER_PERIOD == 0
 

@@ -70,6 +70,21 @@ class LinearGroup(nn.Module):
         return [m.lora_delta(x, part) for m, part in zip(self.members, parts)]
 
 
+class DecoderBlock(nn.Module):
+    """The weights every pre-norm decoder layer has: norms, fused Q/K/V, output, gate/up, down."""
+
+    def __init__(self, w, i: int, eps: float):
+        super().__init__()
+        p = f"blk.{i}."
+        self.prefix = p
+        self.attn_norm = RMSNorm(w.dense(p + "attn_norm.weight"), eps)
+        self.qkv = LinearGroup(w.linear(p + "attn_q.weight"), w.linear(p + "attn_k.weight"), w.linear(p + "attn_v.weight"))
+        self.wo = w.linear(p + "attn_output.weight")
+        self.ffn_norm = RMSNorm(w.dense(p + "ffn_norm.weight"), eps)
+        self.gate_up = LinearGroup(w.linear(p + "ffn_gate.weight"), w.linear(p + "ffn_up.weight"))
+        self.down = w.linear(p + "ffn_down.weight")
+
+
 class RMSNorm(nn.Module):
     def __init__(self, weight: torch.Tensor, eps: float):
         super().__init__()

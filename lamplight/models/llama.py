@@ -10,19 +10,7 @@ from ..engine.kv_cache import KVCache
 from ..gguf.file import GGUFFile
 from .base import CausalLM, WeightSource, read_common_config
 from .batch import ForwardBatch
-from .layers import LinearGroup, RMSNorm, Rotary, paged_attention
-
-
-class LlamaBlock(nn.Module):
-    def __init__(self, w: WeightSource, i: int, eps: float):
-        super().__init__()
-        p = f"blk.{i}."
-        self.attn_norm = RMSNorm(w.dense(p + "attn_norm.weight"), eps)
-        self.qkv = LinearGroup(w.linear(p + "attn_q.weight"), w.linear(p + "attn_k.weight"), w.linear(p + "attn_v.weight"))
-        self.wo = w.linear(p + "attn_output.weight")
-        self.ffn_norm = RMSNorm(w.dense(p + "ffn_norm.weight"), eps)
-        self.gate_up = LinearGroup(w.linear(p + "ffn_gate.weight"), w.linear(p + "ffn_up.weight"))
-        self.down = w.linear(p + "ffn_down.weight")
+from .layers import DecoderBlock, RMSNorm, Rotary, paged_attention
 
 
 class LlamaModel(CausalLM):
@@ -31,7 +19,7 @@ class LlamaModel(CausalLM):
         super().__init__(config)
         w = WeightSource(gguf)
         self.register_buffer("token_embd", w.dense("token_embd.weight"), persistent=False)
-        self.blocks = nn.ModuleList(LlamaBlock(w, i, config.rms_eps) for i in range(config.n_layers))
+        self.blocks = nn.ModuleList(DecoderBlock(w, i, config.rms_eps) for i in range(config.n_layers))
         self.output_norm = RMSNorm(w.dense("output_norm.weight"), config.rms_eps)
         self.output = w.linear("output.weight") if w.has("output.weight") else None
         freq_factors = w.dense("rope_freqs.weight") if w.has("rope_freqs.weight") else None
