@@ -5,8 +5,9 @@ float32 GEMV several times over for a few rows but costs the same per row at any
 while MKL's float32 GEMM gets cheaper per row as rows grow; bf16 dense matmuls are slower than
 float32 on CPUs without bf16 instructions. So every Q4_0/Q4_1/Q4_K weight gets the int4 kernel
 for decode rows plus its float32 matrix for prompt chunks (see Int4CpuKernel), Q/K/V and
-gate/up are fused into one matmul each where their formats allow, and every other weight (and
-the output head) stays float32. On CUDA every weight becomes bf16 dense (cuBLAS is fast there).
+gate/up are fused into one matmul each where their formats allow, every other weight stays
+float32, and the output head (the largest read of a decode step) becomes int8 with a scale
+per row (see Int8CpuKernel). On CUDA every weight becomes bf16 dense (cuBLAS is fast there).
 The model code does not change.
 """
 
@@ -17,7 +18,7 @@ from torch import nn
 
 from ..models.base import CausalLM
 from ..models.layers import LinearGroup, QuantLinear
-from .linear import BATCH_INVARIANT_ROWS, DenseKernel, Int4CpuKernel, RowSplit
+from .linear import BATCH_INVARIANT_ROWS, DenseKernel, Int4CpuKernel, Int8CpuKernel, RowSplit
 from .unpack import INT4_TYPES, unpack_int4
 
 
@@ -32,8 +33,9 @@ def use_fast_path(model: CausalLM, device: str = "cpu") -> CausalLM:
         if isinstance(module, QuantLinear):
             module.kernel = _kernel(module, cpu, split)
     if getattr(model, "output", None) is None:
-        head = (model.token_embd, torch.float32, BATCH_INVARIANT_ROWS) if cpu else (model.token_embd, torch.bfloat16)
-        model.tied_head_kernel = DenseKernel(*head)
+        model.tied_head_kernel = Int8CpuKernel(model.token_embd) if cpu else DenseKernel(model.token_embd, torch.bfloat16)
+    elif cpu:
+        model.output.kernel = Int8CpuKernel(model.output.weight)
     return model
 
 
