@@ -47,7 +47,9 @@ number ::= [0-9]{1,4}
         "json",
         r"""
 root   ::= object
-value  ::= object | array | string | number | ("true" | "false" | "null") ws
+# Two levels of nesting at most, so that a valid document always fits the token budget.
+value  ::= inner-object | inner-array | scalar
+scalar ::= string | number | ("true" | "false" | "null") ws
 
 object ::=
   "{" ws (
@@ -55,10 +57,16 @@ object ::=
     ("," ws string ":" ws value){0,3}
   )? "}" ws
 
-array  ::=
+inner-object ::=
+  "{" ws (
+            string ":" ws scalar
+    ("," ws string ":" ws scalar){0,3}
+  )? "}" ws
+
+inner-array  ::=
   "[" ws (
-            value
-    ("," ws value){0,3}
+            scalar
+    ("," ws scalar){0,3}
   )? "]" ws
 
 string ::=
