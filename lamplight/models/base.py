@@ -43,6 +43,16 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
 
+    def load_decoder(self, w: "WeightSource", block_cls) -> None:
+        """Embeddings, the layers (`block_cls(w, i, eps)`), the final norm and the output head."""
+        from .layers import RMSNorm
+
+        cfg = self.config
+        self.register_buffer("token_embd", w.dense("token_embd.weight"), persistent=False)
+        self.blocks = nn.ModuleList(block_cls(w, i, cfg.rms_eps) for i in range(cfg.n_layers))
+        self.output_norm = RMSNorm(w.dense("output_norm.weight"), cfg.rms_eps)
+        self.output = w.linear("output.weight") if w.has("output.weight") else None
+
     row_split = None  # set by the fast path: its kernels treat decode rows apart from prompt rows
 
     def embed(self, batch: ForwardBatch) -> torch.Tensor:

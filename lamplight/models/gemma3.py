@@ -13,7 +13,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..engine.kv_cache import KVCache
 from ..gguf.file import GGUFFile
@@ -41,10 +40,7 @@ class Gemma3Model(CausalLM):
         config = read_common_config(gguf)
         super().__init__(config)
         w = WeightSource(gguf)
-        self.register_buffer("token_embd", w.dense("token_embd.weight"), persistent=False)
-        self.blocks = nn.ModuleList(Gemma3Block(w, i, config.rms_eps) for i in range(config.n_layers))
-        self.output_norm = RMSNorm(w.dense("output_norm.weight"), config.rms_eps)
-        self.output = w.linear("output.weight") if w.has("output.weight") else None
+        self.load_decoder(w, Gemma3Block)
         self.window = int(gguf.arch_value("attention.sliding_window", 4096))
         n_rot = int(gguf.arch_value("rope.dimension_count", config.head_dim_k))
         global_base = float(gguf.arch_value("rope.freq_base", 1_000_000.0))

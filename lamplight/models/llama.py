@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..engine.kv_cache import KVCache
 from ..gguf.file import GGUFFile
 from .base import CausalLM, WeightSource, read_common_config
 from .batch import ForwardBatch
-from .layers import DecoderBlock, RMSNorm, Rotary, paged_attention
+from .layers import DecoderBlock, Rotary, paged_attention
 
 
 class LlamaModel(CausalLM):
@@ -18,10 +17,7 @@ class LlamaModel(CausalLM):
         config = read_common_config(gguf)
         super().__init__(config)
         w = WeightSource(gguf)
-        self.register_buffer("token_embd", w.dense("token_embd.weight"), persistent=False)
-        self.blocks = nn.ModuleList(DecoderBlock(w, i, config.rms_eps) for i in range(config.n_layers))
-        self.output_norm = RMSNorm(w.dense("output_norm.weight"), config.rms_eps)
-        self.output = w.linear("output.weight") if w.has("output.weight") else None
+        self.load_decoder(w, DecoderBlock)
         freq_factors = w.dense("rope_freqs.weight") if w.has("rope_freqs.weight") else None
         n_rot = int(gguf.arch_value("rope.dimension_count", config.head_dim_k))
         base = float(gguf.arch_value("rope.freq_base", 10000.0))
