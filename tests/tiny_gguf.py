@@ -83,14 +83,7 @@ def write_tiny_llama(path: str | Path, seed: int = 0, n_layers: int = 2, n_ctx: 
     tokens, types, merges, ids = _bpe_vocab()
     n_vocab, n_embd, n_heads, n_kv, n_ff = len(tokens), 64, 4, 2, 128
     head_dim = n_embd // n_heads
-    w = GGUFWriter(str(path), "llama")
-    w.add_name("tiny-llama")
-    w.add_block_count(n_layers)
-    w.add_context_length(n_ctx)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_heads)
-    w.add_head_count_kv(n_kv)
+    w = _writer(path, "llama", n_layers, n_ctx, n_embd, n_ff, n_heads, n_kv)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(head_dim)
@@ -100,10 +93,7 @@ def write_tiny_llama(path: str | Path, seed: int = 0, n_layers: int = 2, n_ctx: 
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
-    w.add_bos_token_id(ids["bos"])
-    w.add_eos_token_id(ids["eos"])
-    w.add_unk_token_id(ids["unk"])
-    w.add_pad_token_id(ids["pad"])
+    _add_special_ids(w, ids)
     w.add_add_bos_token(False)
     w.add_chat_template(CHATML_TEMPLATE)
     _add_linear(w, rng, "token_embd.weight", n_vocab, n_embd, Q.Q8_0, 0.5)
@@ -127,14 +117,7 @@ def write_tiny_gemma3(path: str | Path, seed: int = 0, n_layers: int = 6, n_ctx:
     rng = np.random.default_rng(seed)
     tokens, scores, types, ids = _spm_vocab()
     n_vocab, n_embd, n_heads, n_kv, head_dim, n_ff = len(tokens), 64, 2, 1, 32, 128
-    w = GGUFWriter(str(path), "gemma3")
-    w.add_name("tiny-gemma3")
-    w.add_block_count(n_layers)
-    w.add_context_length(n_ctx)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_heads)
-    w.add_head_count_kv(n_kv)
+    w = _writer(path, "gemma3", n_layers, n_ctx, n_embd, n_ff, n_heads, n_kv)
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_rope_freq_base(1_000_000.0)
@@ -145,10 +128,7 @@ def write_tiny_gemma3(path: str | Path, seed: int = 0, n_layers: int = 6, n_ctx:
     w.add_token_list(tokens)
     w.add_token_scores(scores)
     w.add_token_types(types)
-    w.add_bos_token_id(ids["bos"])
-    w.add_eos_token_id(ids["eos"])
-    w.add_unk_token_id(ids["unk"])
-    w.add_pad_token_id(ids["pad"])
+    _add_special_ids(w, ids)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
     w.add_add_space_prefix(False)
@@ -171,6 +151,25 @@ def write_tiny_gemma3(path: str | Path, seed: int = 0, n_layers: int = 6, n_ctx:
     _add_norm(w, rng, "output_norm.weight", n_embd)
     _finish(w)
     return Path(path)
+
+
+def _writer(path, arch: str, n_layers: int, n_ctx: int, n_embd: int, n_ff: int, n_heads: int, n_kv: int) -> GGUFWriter:
+    w = GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}")
+    w.add_block_count(n_layers)
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv)
+    return w
+
+
+def _add_special_ids(w: GGUFWriter, ids: dict[str, int]) -> None:
+    w.add_bos_token_id(ids["bos"])
+    w.add_eos_token_id(ids["eos"])
+    w.add_unk_token_id(ids["unk"])
+    w.add_pad_token_id(ids["pad"])
 
 
 def _finish(w: GGUFWriter) -> None:
