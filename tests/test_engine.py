@@ -326,3 +326,10 @@ def test_grammar_constrains_every_choice(tiny, engine, seed):
     _, (final,) = run(engine, request)
     value = json.loads(final.content)
     assert isinstance(value["a"], int) and 0 <= value["a"] <= 99
+
+
+def test_slot_is_idle_when_the_final_event_arrives(tiny, engine):
+    for _ in range(5):
+        handle = engine.submit(GenerationRequest(prompt_ids(tiny, "the"), GREEDY, n_predict=2))
+        final = [e for e in handle.iter_events(timeout=60) if isinstance(e, FinalEvent)][0]
+        assert engine.slots[final.id_slot].is_idle

@@ -571,12 +571,17 @@ class Engine:
 
     def _finish_done(self) -> None:
         for handle in list(self.active):
+            finals = []
             for seq in handle.sequences:
                 if seq.state == SeqState.DONE and not seq.reported:
                     seq.reported = True
-                    handle._push(seq.final_event())
+                    finals.append(seq.final_event())
+            # Free the slots before the caller hears of the end, so that whoever reacts to the
+            # final event (a metrics scrape, the next request) already sees them idle.
             if all(s.reported for s in handle.sequences):
                 self._release(handle)
+            for event in finals:
+                handle._push(event)
 
     def _release(self, handle: RequestHandle) -> None:
         if handle in self.active:
