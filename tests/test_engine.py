@@ -333,3 +333,11 @@ def test_slot_is_idle_when_the_final_event_arrives(tiny, engine):
         handle = engine.submit(GenerationRequest(prompt_ids(tiny, "the"), GREEDY, n_predict=2))
         final = [e for e in handle.iter_events(timeout=60) if isinstance(e, FinalEvent)][0]
         assert engine.slots[final.id_slot].is_idle
+
+
+def test_kv_cache_that_does_not_fit_is_a_clear_error(tiny, monkeypatch):
+    import lamplight.engine.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "available_memory_bytes", lambda device: 1024)
+    with pytest.raises(MemoryError, match="lower --ctx-size or --parallel"):
+        Engine(tiny[0], tiny[1], EngineConfig(n_ctx=512, n_parallel=2))

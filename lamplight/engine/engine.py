@@ -127,7 +127,9 @@ class Engine:
         self.n_ctx_slot = min(cfg.n_ctx_slot, model.config.n_ctx_train)
         blocks_per_slot = -(-self.n_ctx_slot // cfg.block_size)
         # One spare block per slot for copy-on-write of a shared partial block (n > 1 choices).
-        self.cache = KVCache(model.config.kv_layout, blocks_per_slot * cfg.n_parallel + cfg.n_parallel, cfg.block_size, device=cfg.device)
+        num_blocks = blocks_per_slot * cfg.n_parallel + cfg.n_parallel
+        check_kv_fits(model.config.kv_layout, num_blocks * cfg.block_size, cfg)
+        self.cache = KVCache(model.config.kv_layout, num_blocks, cfg.block_size, device=cfg.device)
         self.slots = [Slot(i, self.cache) for i in range(cfg.n_parallel)]
         self.waiting: collections.deque[RequestHandle] = collections.deque()
         self.active: list[RequestHandle] = []
@@ -597,6 +599,31 @@ class Engine:
 
     def _handle_of(self, seq: Sequence) -> RequestHandle:
         return seq.handle
+
+
+def available_memory_bytes(device: str) -> int | None:
+    """Free memory where the KV cache goes: the GPU's, or the system's MemAvailable (Linux)."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_kv_fits(layout, num_tokens: int, cfg: EngineConfig) -> None:
+    """A clear error at start-up instead of an allocator failure when the KV cache cannot fit."""
+    need = KVCache.bytes_needed(layout, num_tokens)
+    free = available_memory_bytes(cfg.device)
+    if free is not None and need > free:
+        raise MemoryError(
+            f"the KV cache for {cfg.n_parallel} slots x {cfg.n_ctx_slot} tokens needs {need / 2**30:.2f} GiB, "
+            f"but only {free / 2**30:.2f} GiB is available: lower --ctx-size or --parallel"
+        )
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
