@@ -22,14 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .grammar_text import (
-    ANY_TEXT,
-    call_schema,
-    lark_json,
-    marker_lark,
-    one_of,
-    text_then,
-)
+from .grammar_text import call_schema, lark_json, marker_grammar, marker_lark, one_of
 from .json_scan import JsonMalformed, Node, minify, partial_string_value, scan_value, skip_ws
 from .spec import ToolCall
 
@@ -212,16 +205,9 @@ class HermesFormat(ToolFormat):
         close, _ = marker_lark(tokenizer, self.CLOSE)
         body = f'"\\n" call_json "\\n" {close}'
         more = f' ("\\n" {open_} {body})*' if plan.parallel else ""
-        rules = ["%llguidance {}"]
-        if plan.choice == "required":
-            rules.append(f"start: {open_} {body}{more}")
-        else:
-            first, extra = text_then(open_, open_is_token)
-            rules.append(f"start: TEXT | {first} {body}{more}")
-            rules += extra
-        rules.append(ANY_TEXT)
-        rules.append("call_json: " + lark_json(one_of([call_schema(t) for t in plan.callable_tools])))
-        return GrammarSource("lark", "\n".join(rules) + "\n")
+        call_json = "call_json: " + lark_json(one_of([call_schema(t) for t in plan.callable_tools]))
+        return GrammarSource("lark", marker_grammar(plan.choice == "required", open_, open_is_token,
+                                                    body + more, [call_json]))
 
     def parse(self, text: str, partial: bool = False) -> ParsedMessage:
         content: list[str] = []
@@ -347,16 +333,8 @@ class MistralFormat(ToolFormat):
         array: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
         if not plan.parallel:
             array["maxItems"] = 1
-        rules = ["%llguidance {}"]
-        if plan.choice == "required":
-            rules.append(f"start: {marker} calls")
-        else:
-            first, extra = text_then(marker, marker_is_token)
-            rules.append(f"start: TEXT | {first} calls")
-            rules += extra
-        rules.append(ANY_TEXT)
-        rules.append("calls: " + lark_json(array))
-        return GrammarSource("lark", "\n".join(rules) + "\n")
+        return GrammarSource("lark", marker_grammar(plan.choice == "required", marker, marker_is_token,
+                                                    "calls", ["calls: " + lark_json(array)]))
 
     def parse(self, text: str, partial: bool = False) -> ParsedMessage:
         at = text.find(self.MARKER)

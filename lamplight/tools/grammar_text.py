@@ -64,3 +64,19 @@ def text_then(marker: str, marker_is_token: bool, rule: str = "trigger") -> tupl
     if marker_is_token:
         return f"TEXT {marker}", []
     return rule, [f"{rule}[lazy]: TEXT {marker}"]
+
+
+def marker_grammar(required: bool, marker: str, marker_is_token: bool, calls: str, rules: list[str]) -> str:
+    """Lark for formats whose calls follow a marker: `calls` (an expression over `rules`) right
+    after the marker; with tool_choice "required" from the first token, else free text first and
+    the constrained part from the marker on."""
+    lines = ["%llguidance {}"]
+    if required:
+        lines.append(f"start: {marker} {calls}")
+    else:
+        first, extra = text_then(marker, marker_is_token)
+        lines.append(f"start: TEXT | {first} {calls}")
+        lines += extra
+    lines.append(ANY_TEXT)
+    lines += rules
+    return "\n".join(lines) + "\n"
