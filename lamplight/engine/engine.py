@@ -479,9 +479,7 @@ class Engine:
             end = start + take
             seq.table.make_last_block_private()  # the cached prefix may end in a block shared with another slot
             seq.table.reserve(end)
-            seq.table.num_tokens = end  # slots() covers the chunk's own positions
-            chunk = SequenceChunk(seq.tokens[start:end], start, seq.table.slots(), need_logits=end == seq.n_prompt)
-            seq.table.num_tokens = start
+            chunk = SequenceChunk(seq.tokens[start:end], start, seq.table.slots(0, end), need_logits=end == seq.n_prompt)
             plan.append((seq, chunk))
             budget -= take
         return plan
@@ -523,16 +521,13 @@ class Engine:
         pos = seq.n_computed
         seq.table.make_last_block_private()
         seq.table.reserve(pos + 1)
-        seq.table.num_tokens = pos + 1
-        chunk = SequenceChunk([seq.tokens[pos]], pos, seq.table.slots())
-        seq.table.num_tokens = pos
-        return chunk
+        return SequenceChunk([seq.tokens[pos]], pos, seq.table.slots(0, pos + 1))
 
     def _sampling_targets(self, seq: Sequence) -> list[Sequence]:
         """The sequences that sample from this row: a finished prompt also starts its sibling choices."""
         if seq.state == SeqState.DECODE:
             return [seq]
-        handle = self._handle_of(seq)
+        handle = seq.handle
         targets = [seq]
         for sibling in handle.sequences[1:]:
             if sibling.state == SeqState.WAITING_PARENT:
@@ -554,14 +549,14 @@ class Engine:
         seq.sampler.accept_many(seq.tokens[: seq.n_prompt], is_generated=False)
 
     def _progress(self, seq: Sequence) -> None:
-        handle = self._handle_of(seq)
+        handle = seq.handle
         if handle.request.return_progress:
             elapsed = (time.perf_counter() - seq.t_prompt_start) * 1e3
             handle._push(PromptProgress(seq.choice, seq.n_prompt, seq.n_cached, seq.table.num_tokens, elapsed))
 
     def _sample_and_process(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         # Grammar masks go before the whole chain, so every sampler chooses among allowed tokens.
-        masks = fill_masks([s.grammar for s in seqs], logits.shape[-1]) if any(s.grammar for s in seqs) else None
+        masks = fill_masks([s.grammar for s in seqs], logits.shape[-1])
         if masks is not None:
             masks = masks.to(logits.device)
         result = sample_batch(logits, [s.sampler for s in seqs], allowed_mask=masks)
@@ -569,7 +564,7 @@ class Engine:
             prob = result.probs[i] if result.probs else None
             event = seq.on_token(result.token_ids[i], prob)
             self.stats["generated_tokens"] += 1
-            self._handle_of(seq)._push(event)
+            seq.handle._push(event)
 
     def _finish_done(self) -> None:
         for handle in list(self.active):
@@ -596,9 +591,6 @@ class Engine:
                 slot.cached_tokens = seq.tokens[: seq.n_computed]
                 slot.last_used = now
         self._wake()
-
-    def _handle_of(self, seq: Sequence) -> RequestHandle:
-        return seq.handle
 
 
 def available_memory_bytes(device: str) -> int | None:

@@ -14,7 +14,6 @@ The model code does not change.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from ..models.base import CausalLM
 from ..models.layers import LinearGroup, QuantLinear
@@ -55,7 +54,3 @@ def _fused_kernel(members: list[QuantLinear], cpu: bool, split: RowSplit):
         parts = [unpack_int4(m.info) for m in members]
         return Int4CpuKernel(*(torch.cat(p, dim=0) for p in zip(*parts)), dense=dense, split=split)
     return DenseKernel(dense, torch.float32, BATCH_INVARIANT_ROWS)
-
-
-def is_fast(model: nn.Module) -> bool:
-    return any(isinstance(m, QuantLinear) and not isinstance(m.kernel, DenseKernel) for m in model.modules())
