@@ -221,8 +221,7 @@ def test_shifted_kv_equals_recomputation(writer, tmp_path):
     ids = [(5 * i + 3) % 200 + 10 for i in range(40)]
     cache = KVCache(model.config.kv_layout, num_blocks=8, block_size=8)
     table = BlockTable(cache)
-    table.reserve(39)
-    table.num_tokens = 39
+    table.fill_to(39)
     model(build_forward_batch([SequenceChunk(ids[:39], 0, table.slots())]), cache)
     keep, discard = 4, 17
     import torch
@@ -232,8 +231,7 @@ def test_shifted_kv_equals_recomputation(writer, tmp_path):
     model.shift_kv(cache, src, dst, -discard)
     table.truncate(39 - discard)
     compact = ids[:keep] + ids[keep + discard :]
-    table.reserve(len(compact))
-    table.num_tokens = len(compact)
+    table.fill_to(len(compact))
     out = model(build_forward_batch([SequenceChunk(compact[-1:], len(compact) - 1, table.slots())]), cache)
     torch.testing.assert_close(out[0], score(model, compact)[-1], atol=2e-4, rtol=1e-4)
 

@@ -102,8 +102,7 @@ def test_incremental_decode_equals_full_scoring(tiny_model):
     # The prompt in two chunks, then one token at a time.
     steps = [(0, 13), (13, 25)] + [(i, i + 1) for i in range(25, 40)]
     for start, end in steps:
-        table.reserve(end)
-        table.num_tokens = end
+        table.fill_to(end)
         chunk = SequenceChunk(ids[start:end], start, table.slots(), all_logits=True)
         out = tiny_model(build_forward_batch([chunk]), cache)
         torch.testing.assert_close(out, full[start:end], atol=2e-4, rtol=1e-4)
@@ -118,11 +117,9 @@ def test_batched_sequences_equal_each_alone(tiny_model):
         table = BlockTable(cache)
         # Prefill all but the last token alone, then put every last token (and one prompt) in one step.
         if len(s) > 1:
-            table.reserve(len(s) - 1)
-            table.num_tokens = len(s) - 1
+            table.fill_to(len(s) - 1)
             tiny_model(build_forward_batch([SequenceChunk(s[:-1], 0, table.slots())]), cache)
-        table.reserve(len(s))
-        table.num_tokens = len(s)
+        table.fill_to(len(s))
         chunks.append(SequenceChunk(s[-1:], len(s) - 1, table.slots()))
     together = tiny_model(build_forward_batch(chunks), cache)
     for i, expected in enumerate(alone):
@@ -251,11 +248,9 @@ def test_fast_decode_rows_are_bit_identical_alone_and_batched(tmp_path):
         chunks = []
         for s in group:
             table = BlockTable(cache)
-            table.reserve(len(s) - 1)
-            table.num_tokens = len(s) - 1
+            table.fill_to(len(s) - 1)
             model(build_forward_batch([SequenceChunk(s[:-1], 0, table.slots())]), cache)
-            table.reserve(len(s))
-            table.num_tokens = len(s)
+            table.fill_to(len(s))
             chunks.append(SequenceChunk(s[-1:], len(s) - 1, table.slots()))
         return model(build_forward_batch(chunks), cache)
 

@@ -27,8 +27,7 @@ def decode_step_ms(model, tokenizer, batch: int, steps: int) -> float:
     tables = []
     for b in range(batch):
         table = BlockTable(cache)
-        table.reserve(CONTEXT)
-        table.num_tokens = CONTEXT
+        table.fill_to(CONTEXT)
         ids = [(b * 7 + i * 13) % 1000 + 100 for i in range(CONTEXT)]
         model(build_forward_batch([SequenceChunk(ids, 0, table.slots(), need_logits=False)]), cache)
         tables.append(table)
@@ -41,8 +40,7 @@ def decode_step_ms(model, tokenizer, batch: int, steps: int) -> float:
         chunks = []
         for b, table in enumerate(tables):
             pos = table.num_tokens
-            table.reserve(pos + 1)
-            table.num_tokens = pos + 1
+            table.fill_to(pos + 1)
             chunks.append(SequenceChunk([tokens[b]], pos, table.slots()))
         logits = model(build_forward_batch(chunks), cache)
         result = sample_batch(logits, samplers)
@@ -60,8 +58,7 @@ def prefill_tokens_per_s(model, n_tokens: int, chunk: int = 512) -> float:
     start = time.perf_counter()
     for first in range(0, n_tokens, chunk):
         end = min(first + chunk, n_tokens)
-        table.reserve(end)
-        table.num_tokens = end
+        table.fill_to(end)
         model(build_forward_batch([SequenceChunk(ids[first:end], first, table.slots())]), cache)
     return n_tokens / (time.perf_counter() - start)
 

@@ -111,6 +111,12 @@ class BlockTable:
         while len(self.blocks) < need:
             self.blocks.append(self.cache.allocator.allocate())
 
+    def fill_to(self, num_tokens: int) -> None:
+        """Reserve room for positions up to `num_tokens` and count them as held (written by the
+        forward pass that follows)."""
+        self.reserve(num_tokens)
+        self.num_tokens = num_tokens
+
     def truncate(self, num_tokens: int) -> None:
         """Forget positions from `num_tokens` on, freeing whole blocks past it."""
         bs = self.cache.block_size

@@ -60,8 +60,7 @@ def load_slot(path: str, fingerprint: str, n_ctx_slot: int) -> dict:
 def write_slot(cache: KVCache, table: BlockTable, data: dict) -> None:
     n = len(data["tokens"])
     table.release()
-    table.reserve(n)
-    table.num_tokens = n
+    table.fill_to(n)
     slots = torch.tensor(table.slots(), dtype=torch.long, device=cache.k[0].device)
     for layer in range(len(cache.k)):
         cache.k[layer][slots] = data["k"][layer].to(cache.k[layer])

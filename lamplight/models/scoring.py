@@ -21,8 +21,7 @@ def score(model: CausalLM, token_ids: Sequence[int]) -> torch.Tensor:
     """Logits [len(token_ids), vocab] at every position of one sequence."""
     cache = new_cache(model, len(token_ids))
     table = BlockTable(cache)
-    table.reserve(len(token_ids))
-    table.num_tokens = len(token_ids)
+    table.fill_to(len(token_ids))
     chunk = SequenceChunk(list(token_ids), 0, table.slots(), all_logits=True)
     return model(build_forward_batch([chunk]), cache)
 
@@ -36,8 +35,7 @@ def greedy(model: CausalLM, prompt: Sequence[int], max_new_tokens: int) -> list[
     tokens = list(prompt)
     start = 0
     while len(out) < max_new_tokens:
-        table.reserve(len(tokens))
-        table.num_tokens = len(tokens)
+        table.fill_to(len(tokens))
         chunk = SequenceChunk(tokens[start:], start, table.slots())
         logits = model(build_forward_batch([chunk]), cache)
         nxt = int(logits[-1].argmax())
