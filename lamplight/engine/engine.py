@@ -140,7 +140,6 @@ class Engine:
         self._task_ids = itertools.count()
         self._control: collections.deque[tuple[Callable[[], object], concurrent.futures.Future]] = collections.deque()
         self.is_ready = False
-        self.on_step: Callable[[dict], None] | None = None  # metrics hook
         self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "requests": 0}
 
     # -- lifecycle -----------------------------------------------------------------------------

@@ -52,8 +52,6 @@ class GenerationRequest:
     # The request's effective parameters as the server reports them (generation_settings); the
     # engine only echoes them in /slots.
     settings: dict | None = None
-    # Opaque per-request data a caller may attach (e.g. the HTTP task id).
-    tag: Any = None
 
 
 @dataclass(frozen=True)

@@ -66,10 +66,6 @@ class ForwardBatch:
     # How many leading rows are single-token (decode) chunks; kernels may treat them apart.
     leading_decode_tokens: int = 0
 
-    @property
-    def num_tokens(self) -> int:
-        return int(self.token_ids.numel())
-
 
 def build_forward_batch(chunks: Sequence[SequenceChunk], device: torch.device | str = "cpu") -> ForwardBatch:
     token_ids: list[int] = []
