@@ -1,7 +1,9 @@
 """The paged KV cache: one pool of fixed-size blocks per layer, shared by all slots.
 
-Storage is flat per layer: `k[layer]` has shape [num_blocks * block_size, n_kv_heads, head_dim],
-so a token's K/V lives at `block * block_size + offset`. Sequences own lists of blocks (their
+Storage is flat per layer and head-major: `k[layer]` has shape
+[n_kv_heads, num_blocks * block_size, head_dim], so a token's K/V lives at index
+`block * block_size + offset` of every head. Head-major storage lets one gather of a batch's keys
+come out as [n_kv_heads * batch, context, head_dim], the layout batched matmuls take as is. Sequences own lists of blocks (their
 block table); blocks are reference-counted so several sequences can share a prefix (the `n`
 choices of one request share the prompt's blocks).
 """
@@ -38,8 +40,8 @@ class KVCache:
         self.block_size = block_size
         self.num_blocks = num_blocks
         n = num_blocks * block_size
-        self.k = [torch.zeros(n, layout.n_kv_heads, layout.head_dim_k, dtype=dtype, device=device) for _ in range(layout.num_layers)]
-        self.v = [torch.zeros(n, layout.n_kv_heads, layout.head_dim_v, dtype=dtype, device=device) for _ in range(layout.num_layers)]
+        self.k = [torch.zeros(layout.n_kv_heads, n, layout.head_dim_k, dtype=dtype, device=device) for _ in range(layout.num_layers)]
+        self.v = [torch.zeros(layout.n_kv_heads, n, layout.head_dim_v, dtype=dtype, device=device) for _ in range(layout.num_layers)]
         self.allocator = BlockAllocator(num_blocks)
 
     @staticmethod
@@ -47,15 +49,31 @@ class KVCache:
         per_token = layout.n_kv_heads * (layout.head_dim_k + layout.head_dim_v) * layout.num_layers
         return per_token * num_tokens * torch.finfo(dtype).bits // 8
 
+    @property
+    def device(self) -> torch.device:
+        return self.k[0].device
+
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k[layer].index_copy_(0, slots, k.to(self.k[layer].dtype))
-        self.v[layer].index_copy_(0, slots, v.to(self.v[layer].dtype))
+        """Store K/V of tokens ([T, n_kv_heads, head_dim]) at pool indices `slots` ([T])."""
+        self.k[layer].index_copy_(1, slots, k.transpose(0, 1).to(self.k[layer].dtype))
+        self.v[layer].index_copy_(1, slots, v.transpose(0, 1).to(self.v[layer].dtype))
+
+    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V at pool indices `slots`, token-major: [T, n_kv_heads, head_dim]."""
+        return self.k[layer][:, slots].transpose(0, 1), self.v[layer][:, slots].transpose(0, 1)
+
+    def gather(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V at pool indices `index` ([B, C]), head-major: [n_kv_heads, B, C, head_dim]."""
+        flat = index.reshape(-1)
+        k = self.k[layer].index_select(1, flat)
+        v = self.v[layer].index_select(1, flat)
+        return k.view(k.shape[0], *index.shape, k.shape[-1]), v.view(v.shape[0], *index.shape, v.shape[-1])
 
     def copy_tokens(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy K/V entries between pool indices in every layer (used to un-share a block)."""
         for layer in range(self.layout.num_layers):
-            self.k[layer][dst] = self.k[layer][src]
-            self.v[layer][dst] = self.v[layer][src]
+            self.k[layer][:, dst] = self.k[layer][:, src]
+            self.v[layer][:, dst] = self.v[layer][:, src]
 
 
 @dataclass
@@ -146,7 +164,7 @@ class BlockTable:
     def make_private_from(self, first_block: int) -> None:
         """Give this table its own copy of every shared block from `first_block` on."""
         bs = self.cache.block_size
-        device = self.cache.k[0].device
+        device = self.cache.device
         for i in range(first_block, len(self.blocks)):
             block = self.blocks[i]
             if self.cache.allocator.ref_counts[block] <= 1:

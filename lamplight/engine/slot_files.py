@@ -27,15 +27,16 @@ def slot_file_path(directory: str, filename: str) -> str:
 
 
 def save_slot(path: str, cache: KVCache, table: BlockTable, tokens: list[int], lora: tuple[float, ...], fingerprint: str) -> int:
-    slots = torch.tensor(table.slots(0, len(tokens)), dtype=torch.long, device=cache.k[0].device)
+    slots = torch.tensor(table.slots(0, len(tokens)), dtype=torch.long, device=cache.device)
+    layers = [cache.read(layer, slots) for layer in range(len(cache.k))]
     data = {
         "format": FORMAT,
         "version": VERSION,
         "model": fingerprint,
         "tokens": list(tokens),
         "lora": list(lora),
-        "k": [k[slots].cpu() for k in cache.k],
-        "v": [v[slots].cpu() for v in cache.v],
+        "k": [k.cpu() for k, _ in layers],
+        "v": [v.cpu() for _, v in layers],
     }
     torch.save(data, path)
     return os.path.getsize(path)
@@ -61,7 +62,6 @@ def write_slot(cache: KVCache, table: BlockTable, data: dict) -> None:
     n = len(data["tokens"])
     table.release()
     table.fill_to(n)
-    slots = torch.tensor(table.slots(), dtype=torch.long, device=cache.k[0].device)
+    slots = torch.tensor(table.slots(), dtype=torch.long, device=cache.device)
     for layer in range(len(cache.k)):
-        cache.k[layer][slots] = data["k"][layer].to(cache.k[layer])
-        cache.v[layer][slots] = data["v"][layer].to(cache.v[layer])
+        cache.write(layer, slots, data["k"][layer].to(cache.device), data["v"][layer].to(cache.device))

@@ -69,7 +69,7 @@ class Int4CpuKernel:
         self.split = split or RowSplit()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)
+        flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         n_decode = min(self.split.decode_rows, flat.shape[0])
         if self.dense is None or n_decode == flat.shape[0]:
             y = self._int4(flat)
@@ -77,7 +77,7 @@ class Int4CpuKernel:
             y = self.dense(flat)
         else:
             y = torch.cat((self._int4(flat[:n_decode]), self.dense(flat[n_decode:])))
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def _int4(self, rows: torch.Tensor) -> torch.Tensor:
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16), self.packed, GROUP, self.scales_zeros)

@@ -86,9 +86,8 @@ class CausalLM(nn.Module):
         """Move cached K/V entries from pool indices `src` to `dst`, re-rotating keys by `delta`
         positions (context shift), so nothing has to be recomputed."""
         for layer in range(self.config.n_layers):
-            k = kv.k[layer][src]
-            kv.k[layer][dst] = self.rope_for_layer(layer).rotate_by(k.float(), delta).to(k.dtype)
-            kv.v[layer][dst] = kv.v[layer][src]
+            k, v = kv.read(layer, src)
+            kv.write(layer, dst, self.rope_for_layer(layer).rotate_by(k.float(), delta), v)
 
 
 class WeightSource:

@@ -44,7 +44,25 @@ class AttentionGroup:
     mask: torch.Tensor  # [B, 1, Q, C] bool: query may attend key (causal, valid)
     query_pos: torch.Tensor  # [B, Q] query positions (for sliding windows)
     key_pos: torch.Tensor  # [B, C]
+    # Decode groups (one query per sequence) only: whether their rows are the batch's first B.
+    leading_rows: bool = False
     _window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
+    _biases: dict[tuple, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def is_decode(self) -> bool:
+        return self.query_rows.shape[1] == 1
+
+    def decode_bias(self, window: int | None, n_kv_heads: int, heads_per_kv: int) -> torch.Tensor:
+        """The decode mask as an additive bias (0 or -inf) in the layout of the batched score
+        matmul: [n_kv_heads * B, heads_per_kv, C]; shared by all layers of a step."""
+        key = (window, n_kv_heads, heads_per_kv)
+        if key not in self._biases:
+            mask = self.mask if window is None else self.window_mask(window)
+            b, c = mask.shape[0], mask.shape[-1]
+            bias = torch.zeros(b, c, device=mask.device).masked_fill_(~mask.view(b, c), float("-inf"))
+            self._biases[key] = bias.view(1, b, 1, c).expand(n_kv_heads, b, heads_per_kv, c).reshape(-1, heads_per_kv, c)
+        return self._biases[key]
 
     def window_mask(self, window: int) -> torch.Tensor:
         """The mask restricted to keys less than `window` positions behind the query."""
@@ -126,6 +144,7 @@ def _make_group(items: list[tuple[int, SequenceChunk]], device) -> AttentionGrou
         kv_index[i, :k] = torch.as_tensor(chunk.kv_slots, dtype=torch.long)
         key_valid[i, :k] = True
     key_pos = torch.arange(n_k).expand(b, n_k)
+    leading = n_q == 1 and [first_row for first_row, _ in items] == list(range(b))
     # Padded queries sit at position 0 and may see key 0, so no softmax row is all -inf.
     causal = key_pos[:, None, :] <= query_pos[:, :, None]
     mask = (causal & key_valid[:, None, :])[:, None]
@@ -136,4 +155,5 @@ def _make_group(items: list[tuple[int, SequenceChunk]], device) -> AttentionGrou
         mask=mask.to(device),
         query_pos=query_pos.to(device),
         key_pos=key_pos.contiguous().to(device),
+        leading_rows=leading,
     )

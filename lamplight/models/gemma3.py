@@ -60,7 +60,7 @@ class Gemma3Model(CausalLM):
         for i, blk in enumerate(self.blocks):
             rope = self.rope_global if blk.is_global else self.rope_local
             x = blk.attn_norm(h)
-            q, k, v = blk.qkv(x)
+            q, k, v = blk.qkv(x).split(blk.qkv.sizes, dim=-1)
             q = rope(blk.q_norm(q.view(-1, cfg.n_heads, cfg.head_dim_k)), pos)
             k = rope(blk.k_norm(k.view(-1, cfg.n_kv_heads, cfg.head_dim_k)), pos)
             v = v.view(-1, cfg.n_kv_heads, cfg.head_dim_v)
@@ -68,7 +68,7 @@ class Gemma3Model(CausalLM):
             attn = paged_attention(q, k, v, i, kv, batch, self.scale, window)
             h = h + blk.post_attn_norm(blk.wo(attn))
             x = blk.ffn_norm(h)
-            gate, up = blk.gate_up(x)
+            gate, up = blk.gate_up(x).split(blk.gate_up.sizes, dim=-1)
             mlp = blk.down(F.gelu(gate, approximate="tanh") * up)
             h = h + blk.post_ffn_norm(mlp)
         h = self.output_norm(h[batch.logit_rows])

@@ -43,15 +43,16 @@ class QuantLinear(nn.Module):
         self.loras.append((index, a, b, factor))
         self.lora_scales = scales
 
-    def lora_delta(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def add_lora_(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Add the active adapters' deltas to this layer's output `y` (in place) and return it."""
         for index, a, b, factor in self.loras:
             scale = self.lora_scales.scales[index] * factor
             if scale:
-                y = y + scale * F.linear(F.linear(x, a), b)
+                y.add_(F.linear(F.linear(x, a), b), alpha=scale)
         return y
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lora_delta(x, self.kernel(x))
+        return self.add_lora_(x, self.kernel(x))
 
 
 class LinearGroup(nn.Module):
@@ -63,11 +64,15 @@ class LinearGroup(nn.Module):
         self.fused = None  # a kernel computing all members' outputs side by side
         self.sizes = [m.out_features for m in members]
 
-    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """All members' outputs side by side: [..., sum of out_features]."""
         if self.fused is None:
-            return [m(x) for m in self.members]
-        parts = self.fused(x).split(self.sizes, dim=-1)
-        return [m.lora_delta(x, part) for m, part in zip(self.members, parts)]
+            return torch.cat([m(x) for m in self.members], dim=-1)
+        y = self.fused(x)
+        if any(m.loras for m in self.members):
+            for m, part in zip(self.members, y.split(self.sizes, dim=-1)):
+                m.add_lora_(x, part)
+        return y
 
 
 class DecoderBlock(nn.Module):
@@ -92,7 +97,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # Written out: F.rms_norm is a chain of about ten small ops on CPU, this is five.
+        return x * torch.rsqrt(x.square().mean(-1, keepdim=True).add_(self.eps)) * self.weight
 
 
 class Rotary(nn.Module):
@@ -147,22 +153,22 @@ class Rotary(nn.Module):
         return torch.cat((rotated, rest), dim=-1) if rest.numel() else rotated
 
 
-def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """Attention for one query per sequence, written out so that padding keys (aligned, masked)
-    leave each row's result bit-identical; SDPA's kernels sum padded rows in another order.
+def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention for one query per sequence, as two batched matmuls over (KV head, sequence).
 
-    q: [B, H, 1, D]; k, v: [B, Hkv, C, D]; mask: [B, 1, 1, C]. Returns [B, H, 1, Dv].
+    Every operand is contiguous in one fixed layout and padding keys (aligned, biased to -inf)
+    leave each row's result bit-identical whatever else is in the batch: SDPA's kernels, and
+    matmuls on strided views, sum rows in an order that depends on the batch size.
+
+    q: [B, H, D]; keys, values: [Hkv, B, C, D] (as gathered); bias: [Hkv * B, H / Hkv, C].
+    Returns [B, H * Dv].
     """
-    b, n_heads, _, d = q.shape
-    n_kv = k.shape[1]
-    # Contiguous operands in one fixed layout: with strided views, matmul picks its path by the
-    # batch size, and rows then differ in the last bits between batch sizes.
-    grouped = q.reshape(b, n_kv, n_heads // n_kv, d).contiguous()  # query heads sharing a KV head
-    keys_t = k.transpose(-1, -2).contiguous()  # [B, Hkv, D, C]
-    scores = torch.matmul(grouped, keys_t) * scale  # [B, Hkv, G, C]
-    scores = scores.masked_fill(~mask.view(b, 1, 1, -1), float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), v.contiguous())  # [B, Hkv, G, Dv]
-    return out.reshape(b, n_heads, 1, v.shape[-1])
+    b, n_heads, d = q.shape
+    n_kv, _, c, dv = values.shape
+    grouped = q.view(b, n_kv, n_heads // n_kv, d).transpose(0, 1).reshape(n_kv * b, -1, d)
+    scores = torch.baddbmm(bias, grouped, keys.view(n_kv * b, c, d).transpose(1, 2), alpha=scale)
+    out = torch.bmm(torch.softmax(scores, dim=-1), values.view(n_kv * b, c, dv))  # [Hkv * B, G, Dv]
+    return out.view(n_kv, b, -1, dv).transpose(0, 1).reshape(b, n_heads * dv)
 
 
 def paged_attention(
@@ -182,18 +188,27 @@ def paged_attention(
     """
     kv.write(layer, batch.kv_write_slots, k, v)
     n_tokens, n_heads, _ = q.shape
-    out = q.new_empty(n_tokens, n_heads, v.shape[-1])
-    k_pool, v_pool = kv.k[layer], kv.v[layer]
+    n_kv, dv = v.shape[1], v.shape[-1]
+    out = None
     for group in batch.groups:
+        keys, values = kv.gather(layer, group.kv_index)  # [Hkv, B, C, D]
+        keys, values = keys.to(q.dtype), values.to(q.dtype)
+        b = keys.shape[1]
+        if group.is_decode and group.leading_rows and b == n_tokens:
+            return _decode_attention(q, keys, values, group.decode_bias(window, n_kv, n_heads // n_kv), scale)
+        if out is None:
+            out = q.new_empty(n_tokens, n_heads * dv)
+        if group.is_decode:
+            bias = group.decode_bias(window, n_kv, n_heads // n_kv)
+            rows = slice(0, b) if group.leading_rows else group.query_rows[:, 0]
+            out[rows] = _decode_attention(q[group.query_rows[:, 0]], keys, values, bias, scale)
+            continue
         mask = group.mask if window is None else group.window_mask(window)
         gq = q[group.query_rows].transpose(1, 2)  # [B, H, Q, D]
-        gk = k_pool[group.kv_index].transpose(1, 2).to(q.dtype)  # [B, Hkv, C, D]
-        gv = v_pool[group.kv_index].transpose(1, 2).to(q.dtype)
-        if gq.shape[2] == 1:
-            attn = _decode_attention(gq, gk, gv, mask, scale)
-        else:
-            attn = F.scaled_dot_product_attention(gq, gk, gv, attn_mask=mask, scale=scale, enable_gqa=True)
-        attn = attn.transpose(1, 2)  # [B, Q, H, Dv]
+        attn = F.scaled_dot_product_attention(
+            gq, keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=True
+        )
+        attn = attn.transpose(1, 2).reshape(b, -1, n_heads * dv)  # [B, Q, H * Dv]
         valid = group.query_valid
         out[group.query_rows[valid]] = attn[valid]
-    return out.reshape(n_tokens, -1)
+    return out

@@ -31,15 +31,18 @@ class LlamaModel(CausalLM):
         cfg = self.config
         h = self.embed(batch)
         pos = batch.positions
+        n_tokens = h.shape[0]
+        n_qk_heads = cfg.n_heads + cfg.n_kv_heads
         for i, blk in enumerate(self.blocks):
             x = blk.attn_norm(h)
-            q, k, v = blk.qkv(x)
-            q = self.rope(q.view(-1, cfg.n_heads, cfg.head_dim_k), pos)
-            k = self.rope(k.view(-1, cfg.n_kv_heads, cfg.head_dim_k), pos)
-            v = v.view(-1, cfg.n_kv_heads, cfg.head_dim_v)
+            qkv = blk.qkv(x)  # [T, (heads + 2 * kv heads) * head_dim]: Q, K, V side by side
+            # Q and K rotate by the same angles: one rotation for both heads.
+            qk = self.rope(qkv[:, : n_qk_heads * cfg.head_dim_k].view(n_tokens, n_qk_heads, cfg.head_dim_k), pos)
+            q, k = qk[:, : cfg.n_heads], qk[:, cfg.n_heads :]
+            v = qkv[:, n_qk_heads * cfg.head_dim_k :].view(n_tokens, cfg.n_kv_heads, cfg.head_dim_v)
             h = h + blk.wo(paged_attention(q, k, v, i, kv, batch, self.scale))
             x = blk.ffn_norm(h)
-            gate, up = blk.gate_up(x)
+            gate, up = blk.gate_up(x).split(blk.gate_up.sizes, dim=-1)
             h = h + blk.down(F.silu(gate) * up)
         h = self.output_norm(h[batch.logit_rows])
         return self.head(h)
