@@ -78,10 +78,11 @@ def _add_norm(w: GGUFWriter, rng: np.random.Generator, name: str, n: int) -> Non
     w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
 
 
-def write_tiny_llama(path: str | Path, seed: int = 0, n_layers: int = 2, n_ctx: int = 256, qtype: Q = Q.Q8_0) -> Path:
+def write_tiny_llama(path: str | Path, seed: int = 0, n_layers: int = 2, n_ctx: int = 256, qtype: Q = Q.Q8_0,
+                     n_embd: int = 64) -> Path:
     rng = np.random.default_rng(seed)
     tokens, types, merges, ids = _bpe_vocab()
-    n_vocab, n_embd, n_heads, n_kv, n_ff = len(tokens), 64, 4, 2, 128
+    n_vocab, n_heads, n_kv, n_ff = len(tokens), 4, 2, 2 * n_embd
     head_dim = n_embd // n_heads
     w = _writer(path, "llama", n_layers, n_ctx, n_embd, n_ff, n_heads, n_kv)
     w.add_rope_freq_base(10000.0)

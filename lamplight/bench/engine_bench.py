@@ -1,7 +1,8 @@
 """In-process engine figures: ms per decode step by batch size, prefill tokens/s, peak memory.
 
-`lamplight bench --engine [--model ALIAS|PATH] [--paths reference,fast]` runs the model directly
-(no HTTP), so the numbers isolate the forward pass, the sampler chain and the batch assembly.
+`lamplight bench --engine [--model ALIAS|PATH] [--paths reference,fast,compiled]` runs the model
+directly (no HTTP), so the numbers isolate the forward pass, the sampler chain and the batch
+assembly. `compiled` is the fast path with decode steps through torch.compile (`--compile`).
 Several paths are measured interleaved in one run, so machine drift affects them alike.
 """
 
@@ -22,7 +23,8 @@ from ..sampling import SamplingParams, SequenceSampler, sample_batch
 CONTEXT = 128  # tokens already in each sequence's cache when decode steps are timed
 
 
-def decode_step_ms(model, tokenizer, batch: int, steps: int) -> float:
+def decode_step_ms(model, tokenizer, batch: int, steps: int, forward=None) -> float:
+    forward = forward or model
     cache = KVCache(model.config.kv_layout, num_blocks=batch * (CONTEXT + steps + 16) // 16 + batch, block_size=16)
     tables = []
     for b in range(batch):
@@ -42,7 +44,7 @@ def decode_step_ms(model, tokenizer, batch: int, steps: int) -> float:
             pos = table.num_tokens
             table.fill_to(pos + 1)
             chunks.append(SequenceChunk([tokens[b]], pos, table.slots()))
-        logits = model(build_forward_batch(chunks), cache)
+        logits = forward(build_forward_batch(chunks), cache)
         result = sample_batch(logits, samplers)
         for b, sampler in enumerate(samplers):
             sampler.accept(result.token_ids[b])
@@ -63,6 +65,17 @@ def prefill_tokens_per_s(model, n_tokens: int, chunk: int = 512) -> float:
     return n_tokens / (time.perf_counter() - start)
 
 
+def compiled_forward(model):
+    from ..kernels.compiled import CompiledDecode
+
+    forward = CompiledDecode(model)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        forward.warm_up(KVCache(model.config.kv_layout, num_blocks=64, block_size=16))
+    print(f"[compiled] compiled in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    return forward
+
+
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -72,17 +85,21 @@ def run_engine_bench(model_spec: str | None, paths: list[str], batches: list[int
 
     results: dict[str, dict] = {}
     loaded = {}
+    forwards = {}
     for path in paths:
-        m = load(model_spec, fast=(path == "fast"))
+        m = load(model_spec, fast=(path != "reference"))
         m.model.requires_grad_(False)
         loaded[path] = m
+        forwards[path] = m.model
+        if path == "compiled":
+            forwards[path] = compiled_forward(m.model)
         results[path] = {"decode_ms": {}, "rss_after_load_mib": peak_rss_mib()}
     with torch.inference_mode():
         for path, m in loaded.items():  # warm-up
-            decode_step_ms(m.model, m.tokenizer, 1, 3)
+            decode_step_ms(m.model, m.tokenizer, 1, 3, forwards[path])
         for batch in batches:
             for path, m in loaded.items():
-                ms = decode_step_ms(m.model, m.tokenizer, batch, steps)
+                ms = decode_step_ms(m.model, m.tokenizer, batch, steps, forwards[path])
                 results[path]["decode_ms"][batch] = ms
                 print(f"[{path}] batch {batch:3d}: {ms:8.2f} ms/step  {1e3 * batch / ms:8.1f} tokens/s", file=sys.stderr)
         for path, m in loaded.items():
@@ -119,16 +136,16 @@ def format_sampler_share(results: dict[str, dict], sampler_ms: dict[int, float])
 
 
 def format_engine_table(results: dict[str, dict], batches: list[int]) -> str:
+    """ms per step by path; with several paths, how many times faster each is than the first."""
     paths = list(results)
+    first, others = paths[0], paths[1:]
     header = "batch | " + " | ".join(f"{p} ms/step" for p in paths)
-    if len(paths) == 2:
-        header += f" | {paths[0]}/{paths[1]}"
+    header += "".join(f" | {first}/{p}" for p in others)
     lines = [header, "-" * len(header)]
     for batch in batches:
         values = [results[p]["decode_ms"][batch] for p in paths]
         row = f"{batch:5d} | " + " | ".join(f"{v:13.2f}" for v in values)
-        if len(paths) == 2:
-            row += f" | {values[0] / values[1]:8.2f}x"
+        row += "".join(f" | {values[0] / v:8.2f}x" for v in values[1:])
         lines.append(row)
     lines.append("prefill tokens/s (512-token prompt): " + ", ".join(f"{p} {results[p]['prefill_tokens_per_s']:.0f}" for p in paths))
     return "\n".join(lines)

@@ -16,6 +16,7 @@ class EngineConfig:
     context_shift: bool = False
     slot_prompt_similarity: float = 0.1
     device: str = "cpu"
+    compile: bool = False  # decode-only steps through torch.compile (lamplight.kernels.compiled)
 
     @property
     def n_ctx_slot(self) -> int:

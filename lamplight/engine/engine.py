@@ -130,6 +130,12 @@ class Engine:
         num_blocks = blocks_per_slot * cfg.n_parallel + cfg.n_parallel
         check_kv_fits(model.config.kv_layout, num_blocks * cfg.block_size, cfg)
         self.cache = KVCache(model.config.kv_layout, num_blocks, cfg.block_size, device=cfg.device)
+        self.compiled = None
+        if cfg.compile:
+            from ..kernels.compiled import CompiledDecode
+
+            self.compiled = CompiledDecode(model)
+            self.compiled.warm_up(self.cache)
         self.slots = [Slot(i, self.cache) for i in range(cfg.n_parallel)]
         self.waiting: collections.deque[RequestHandle] = collections.deque()
         self.active: list[RequestHandle] = []
@@ -437,8 +443,10 @@ class Engine:
         chunks = [chunk for _, chunk in plan]
         if self.lora_scales is not None:
             self.lora_scales.scales = list(plan[0][0].handle.lora_key)
-        batch = build_forward_batch(chunks, device=self.config.device)
-        logits = self.model(batch, self.cache)
+        if self.compiled is not None:
+            logits = self.compiled.run(chunks, self.cache)
+        else:
+            logits = self.model(build_forward_batch(chunks, device=self.config.device), self.cache)
         self.stats["steps"] += 1
         sampled_seqs = []
         rows = []

@@ -56,8 +56,6 @@ class CausalLM(nn.Module):
     row_split = None  # set by the fast path: its kernels treat decode rows apart from prompt rows
 
     def embed(self, batch: ForwardBatch) -> torch.Tensor:
-        if self.row_split is not None:
-            self.row_split.decode_rows = batch.leading_decode_tokens
         h = self.token_embd[batch.token_ids]
         if batch.embedding_overrides is not None:
             rows, values = batch.embedding_overrides
@@ -74,7 +72,13 @@ class CausalLM(nn.Module):
 
     tied_head_kernel = None  # set by the fast path (e.g. a bf16 copy of the embedding)
 
-    def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:  # pragma: no cover - abstract
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        if self.row_split is not None:
+            self.row_split.decode_rows = batch.leading_decode_tokens
+        return self.compute(batch, kv)
+
+    def compute(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:  # pragma: no cover - abstract
+        """The architecture's forward pass: logits for `batch.logit_rows`."""
         raise NotImplementedError
 
     def rope_for_layer(self, layer: int):

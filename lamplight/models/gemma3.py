@@ -53,16 +53,16 @@ class Gemma3Model(CausalLM):
     def rope_for_layer(self, layer: int) -> Rotary:
         return self.rope_global if self.blocks[layer].is_global else self.rope_local
 
-    def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+    def compute(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         cfg = self.config
         h = self.embed(batch) * self.embd_scale
-        pos = batch.positions
+        angles = {rope: rope.angles(batch.positions) for rope in (self.rope_global, self.rope_local)}
         for i, blk in enumerate(self.blocks):
             rope = self.rope_global if blk.is_global else self.rope_local
             x = blk.attn_norm(h)
             q, k, v = blk.qkv(x).split(blk.qkv.sizes, dim=-1)
-            q = rope(blk.q_norm(q.view(-1, cfg.n_heads, cfg.head_dim_k)), pos)
-            k = rope(blk.k_norm(k.view(-1, cfg.n_kv_heads, cfg.head_dim_k)), pos)
+            q = rope(blk.q_norm(q.view(-1, cfg.n_heads, cfg.head_dim_k)), angles[rope])
+            k = rope(blk.k_norm(k.view(-1, cfg.n_kv_heads, cfg.head_dim_k)), angles[rope])
             v = v.view(-1, cfg.n_kv_heads, cfg.head_dim_v)
             window = None if blk.is_global else self.window
             attn = paged_attention(q, k, v, i, kv, batch, self.scale, window)

@@ -119,23 +119,22 @@ class Rotary(nn.Module):
         angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
-        self._step: tuple[torch.Tensor, ...] | None = None
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [T, heads, head_dim]; positions: [T]."""
-        cos, sin, turn = self._angles(positions)
-        if not self.neox and self.n_rot == x.shape[-1]:
-            # Adjacent pairs are complex numbers: one complex product rotates them all.
+    def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """cos, sin and cos + i sin at `positions`, shaped to broadcast over heads: computed once
+        per step and shared by every layer."""
+        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        return cos, sin, torch.complex(cos, sin)
+
+    def forward(self, x: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x: [T, heads, head_dim]; angles: `self.angles(positions)` for the T positions."""
+        cos, sin, turn = angles
+        if not self.neox and self.n_rot == x.shape[-1] and not torch.compiler.is_compiling():
+            # Adjacent pairs are complex numbers: one complex product rotates them all (eagerly
+            # the fewest ops; inductor generates no code for complex numbers, so not compiled).
             pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
             return torch.view_as_real(pairs * turn).flatten(-2)
         return self._rotate(x, cos, sin)
-
-    def _angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # Every layer of a step rotates by the same positions: look them up once per step.
-        if self._step is None or self._step[0] is not positions:
-            cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
-            self._step = (positions, cos, sin, torch.complex(cos, sin))
-        return self._step[1], self._step[2], self._step[3]
 
     def rotate_by(self, x: torch.Tensor, delta: int) -> torch.Tensor:
         """Move already-rotated keys by `delta` positions (rotations compose by adding angles)."""

@@ -27,17 +27,17 @@ class LlamaModel(CausalLM):
     def rope_for_layer(self, layer: int) -> Rotary:
         return self.rope
 
-    def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+    def compute(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         cfg = self.config
         h = self.embed(batch)
-        pos = batch.positions
+        angles = self.rope.angles(batch.positions)
         n_tokens = h.shape[0]
         n_qk_heads = cfg.n_heads + cfg.n_kv_heads
         for i, blk in enumerate(self.blocks):
             x = blk.attn_norm(h)
             qkv = blk.qkv(x)  # [T, (heads + 2 * kv heads) * head_dim]: Q, K, V side by side
             # Q and K rotate by the same angles: one rotation for both heads.
-            qk = self.rope(qkv[:, : n_qk_heads * cfg.head_dim_k].view(n_tokens, n_qk_heads, cfg.head_dim_k), pos)
+            qk = self.rope(qkv[:, : n_qk_heads * cfg.head_dim_k].view(n_tokens, n_qk_heads, cfg.head_dim_k), angles)
             q, k = qk[:, : cfg.n_heads], qk[:, cfg.n_heads :]
             v = qkv[:, n_qk_heads * cfg.head_dim_k :].view(n_tokens, cfg.n_kv_heads, cfg.head_dim_v)
             h = h + blk.wo(paged_attention(q, k, v, i, kv, batch, self.scale))

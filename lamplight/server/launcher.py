@@ -28,6 +28,7 @@ class EngineOptions:
     # `--lora-scaled FNAME:SCALE`.
     loras: Sequence[tuple[str, float]] = ()
     lora_init_without_apply: bool = False  # every adapter starts at scale 0
+    compile: bool = False  # compile decode steps (torch.compile) at start-up
 
 
 class StartupError(RuntimeError):
@@ -57,7 +58,7 @@ def build_engine(loaded: Any, options: EngineOptions) -> Any:
     n_ctx = options.n_ctx or min(loaded.model.config.n_ctx_train, MAX_DEFAULT_CTX)
     config = EngineConfig(n_ctx=n_ctx, n_parallel=options.n_parallel, n_batch=options.n_batch,
                           n_ubatch=options.n_ubatch, queue_size=options.queue_size,
-                          context_shift=options.context_shift)
+                          context_shift=options.context_shift, compile=options.compile)
     loras = load_adapters(options.loras, loaded.model.config.architecture, options.lora_init_without_apply)
     try:
         engine = Engine(loaded.model, loaded.tokenizer, config, loras=loras)
