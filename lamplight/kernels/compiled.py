@@ -71,9 +71,11 @@ class CompiledDecode:
             self.model.row_split.decode_rows = ALL_ROWS
         return self._compute(batch, kv)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def warm_up(self, kv: KVCache) -> None:
-        """Compile now, on scratch blocks of `kv` (released afterwards)."""
+        """Compile now, on scratch blocks of `kv` (released afterwards). Call it in the autograd
+        mode the steps will run in (the engine's: no grad, not inference mode): the graphs are
+        guarded on it, and a mismatch would compile again while serving."""
         for n_seqs, context in WARM_UP_SHAPES:
             tables = [BlockTable(kv) for _ in range(n_seqs)]
             try:
