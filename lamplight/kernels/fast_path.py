@@ -25,17 +25,35 @@ def use_fast_path(model: CausalLM, device: str = "cpu") -> CausalLM:
     cpu = torch.device(device).type == "cpu"
     split = RowSplit()
     model.row_split = split
+    in_fused_group = set()
     for module in model.modules():
         if isinstance(module, LinearGroup):
             module.fused = _fused_kernel(list(module.members), cpu, split)
+            start = 0
+            for member, size in zip(module.members, module.sizes):
+                member.kernel = FusedSlice(module.fused, start, start + size)
+                in_fused_group.add(member)
+                start += size
     for module in model.modules():
-        if isinstance(module, QuantLinear):
+        if isinstance(module, QuantLinear) and module not in in_fused_group:
             module.kernel = _kernel(module, cpu, split)
     if getattr(model, "output", None) is None:
         model.tied_head_kernel = Int8CpuKernel(model.token_embd) if cpu else DenseKernel(model.token_embd, torch.bfloat16)
     elif cpu:
         model.output.kernel = Int8CpuKernel(model.output.weight)
     return model
+
+
+class FusedSlice:
+    """The kernel of a layer whose weights live in its group's fused kernel: its columns of the
+    fused output. The model calls the group, never the member, so the member keeps no copy of
+    its own (that copy was a quarter of the fast path's memory)."""
+
+    def __init__(self, fused, start: int, end: int):
+        self.fused, self.start, self.end = fused, start, end
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fused(x)[..., self.start : self.end]
 
 
 def _kernel(layer: QuantLinear, cpu: bool, split: RowSplit):
