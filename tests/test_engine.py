@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 from tiny_gguf import write_tiny_gemma3, write_tiny_llama
 
 from lamplight.engine.config import EngineConfig
@@ -339,3 +340,15 @@ def test_kv_cache_that_does_not_fit_is_a_clear_error(tiny, monkeypatch):
     monkeypatch.setattr(engine_module, "available_memory_bytes", lambda device: 1024)
     with pytest.raises(MemoryError, match="lower --ctx-size or --parallel"):
         Engine(tiny[0], tiny[1], EngineConfig(n_ctx=512, n_parallel=2))
+
+
+def test_half_precision_kv_cache_serves_and_unknown_types_are_refused(tiny):
+    eng = make_engine(tiny, cache_type_k="f16", cache_type_v="bf16")
+    try:
+        assert (eng.cache.k[0].dtype, eng.cache.v[0].dtype) == (torch.float16, torch.bfloat16)
+        _, (final,) = run(eng, GenerationRequest(prompt_ids(tiny, "the cat"), GREEDY, n_predict=6))
+        assert final.n_decoded == 6
+    finally:
+        eng.stop()
+    with pytest.raises(ValueError, match="--cache-type-k 'q4_0' is not supported"):
+        EngineConfig(cache_type_k="q4_0").validate()

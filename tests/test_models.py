@@ -126,6 +126,27 @@ def test_batched_sequences_equal_each_alone(tiny_model):
         torch.testing.assert_close(together[i], expected, atol=2e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("k_dtype,v_dtype", [(torch.float16, torch.float16), (torch.bfloat16, torch.float32)])
+def test_half_precision_kv_cache_stays_close_to_float32(tiny_model, k_dtype, v_dtype):
+    """`-ctk/-ctv f16|bf16`: K/V rounded on their way into the pool, computed in float32."""
+    seq = [(5 * i) % 240 + 6 for i in range(40)]
+
+    def logits(dtype, v):
+        cache = KVCache(tiny_model.config.kv_layout, num_blocks=8, block_size=8, dtype=dtype, v_dtype=v)
+        table = BlockTable(cache)
+        table.fill_to(len(seq))
+        out = tiny_model(build_forward_batch([SequenceChunk(seq, 0, table.slots(), all_logits=True)]), cache)
+        return cache, out
+
+    cache, half = logits(k_dtype, v_dtype)
+    _, full = logits(torch.float32, None)
+    assert cache.k[0].dtype == k_dtype and cache.v[0].dtype == v_dtype
+    assert not torch.equal(half, full)  # the rounding is real
+    assert (half - full).abs().max() < 0.02 * full.abs().max()
+    assert (half.argmax(-1) == full.argmax(-1)).float().mean() > 0.9
+    assert KVCache.bytes_needed(tiny_model.config.kv_layout, 100, torch.float16) * 2 == KVCache.bytes_needed(tiny_model.config.kv_layout, 100)
+
+
 def test_sliding_window_limits_local_layers(tmp_path):
     """With every layer local (window 8), a token 8+ positions back cannot change the logits."""
     path = write_tiny_gemma3(tmp_path / "g.gguf", n_layers=2, window=8)

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+# `-ctk/-ctv` values (llama-server's names) this engine stores the KV cache in.
+CACHE_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
 
 @dataclass
 class EngineConfig:
@@ -17,6 +22,14 @@ class EngineConfig:
     slot_prompt_similarity: float = 0.1
     device: str = "cpu"
     compile: bool = False  # decode-only steps through torch.compile (lamplight.kernels.compiled)
+    # KV cache storage. float32 by default (llama-server's default is f16): on CPUs without
+    # native half-precision math, converting the gathered keys back costs more than the memory.
+    cache_type_k: str = "f32"
+    cache_type_v: str = "f32"
+
+    @property
+    def cache_dtypes(self) -> tuple[torch.dtype, torch.dtype]:
+        return CACHE_TYPES[self.cache_type_k], CACHE_TYPES[self.cache_type_v]
 
     @property
     def n_ctx_slot(self) -> int:
@@ -29,5 +42,8 @@ class EngineConfig:
             raise ValueError(f"--ctx-size {self.n_ctx} leaves fewer than 8 tokens per slot for {self.n_parallel} slots")
         if self.n_ubatch < self.n_parallel:
             raise ValueError("--ubatch-size must be at least --parallel (one decode token per slot per step)")
+        for flag, value in (("--cache-type-k", self.cache_type_k), ("--cache-type-v", self.cache_type_v)):
+            if value not in CACHE_TYPES:
+                raise ValueError(f"{flag} {value!r} is not supported: use one of {', '.join(CACHE_TYPES)}")
         if self.queue_size < 0:
             raise ValueError("--queue-size must be >= 0")

@@ -129,7 +129,8 @@ class Engine:
         # One spare block per slot for copy-on-write of a shared partial block (n > 1 choices).
         num_blocks = blocks_per_slot * cfg.n_parallel + cfg.n_parallel
         check_kv_fits(model.config.kv_layout, num_blocks * cfg.block_size, cfg)
-        self.cache = KVCache(model.config.kv_layout, num_blocks, cfg.block_size, device=cfg.device)
+        k_dtype, v_dtype = cfg.cache_dtypes
+        self.cache = KVCache(model.config.kv_layout, num_blocks, cfg.block_size, k_dtype, cfg.device, v_dtype)
         self.compiled = None
         if cfg.compile:
             from ..kernels.compiled import CompiledDecode
@@ -616,7 +617,7 @@ def available_memory_bytes(device: str) -> int | None:
 
 def check_kv_fits(layout, num_tokens: int, cfg: EngineConfig) -> None:
     """A clear error at start-up instead of an allocator failure when the KV cache cannot fit."""
-    need = KVCache.bytes_needed(layout, num_tokens)
+    need = KVCache.bytes_needed(layout, num_tokens, *cfg.cache_dtypes)
     free = available_memory_bytes(cfg.device)
     if free is not None and need > free:
         raise MemoryError(

@@ -35,19 +35,22 @@ class KVCache:
         block_size: int = 16,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        v_dtype: torch.dtype | None = None,
     ):
         self.layout = layout
         self.block_size = block_size
         self.num_blocks = num_blocks
         n = num_blocks * block_size
         self.k = [torch.zeros(layout.n_kv_heads, n, layout.head_dim_k, dtype=dtype, device=device) for _ in range(layout.num_layers)]
-        self.v = [torch.zeros(layout.n_kv_heads, n, layout.head_dim_v, dtype=dtype, device=device) for _ in range(layout.num_layers)]
+        v_dtype = v_dtype or dtype
+        self.v = [torch.zeros(layout.n_kv_heads, n, layout.head_dim_v, dtype=v_dtype, device=device) for _ in range(layout.num_layers)]
         self.allocator = BlockAllocator(num_blocks)
 
     @staticmethod
-    def bytes_needed(layout: KVLayout, num_tokens: int, dtype: torch.dtype = torch.float32) -> int:
-        per_token = layout.n_kv_heads * (layout.head_dim_k + layout.head_dim_v) * layout.num_layers
-        return per_token * num_tokens * torch.finfo(dtype).bits // 8
+    def bytes_needed(layout: KVLayout, num_tokens: int, dtype: torch.dtype = torch.float32,
+                     v_dtype: torch.dtype | None = None) -> int:
+        bits = layout.head_dim_k * torch.finfo(dtype).bits + layout.head_dim_v * torch.finfo(v_dtype or dtype).bits
+        return layout.n_kv_heads * layout.num_layers * num_tokens * bits // 8
 
     @property
     def device(self) -> torch.device:

@@ -29,6 +29,8 @@ class EngineOptions:
     loras: Sequence[tuple[str, float]] = ()
     lora_init_without_apply: bool = False  # every adapter starts at scale 0
     compile: bool = False  # compile decode steps (torch.compile) at start-up
+    cache_type_k: str = "f32"
+    cache_type_v: str = "f32"
 
 
 class StartupError(RuntimeError):
@@ -58,7 +60,8 @@ def build_engine(loaded: Any, options: EngineOptions) -> Any:
     n_ctx = options.n_ctx or min(loaded.model.config.n_ctx_train, MAX_DEFAULT_CTX)
     config = EngineConfig(n_ctx=n_ctx, n_parallel=options.n_parallel, n_batch=options.n_batch,
                           n_ubatch=options.n_ubatch, queue_size=options.queue_size,
-                          context_shift=options.context_shift, compile=options.compile)
+                          context_shift=options.context_shift, compile=options.compile,
+                          cache_type_k=options.cache_type_k, cache_type_v=options.cache_type_v)
     loras = load_adapters(options.loras, loaded.model.config.architecture, options.lora_init_without_apply)
     try:
         engine = Engine(loaded.model, loaded.tokenizer, config, loras=loras)
