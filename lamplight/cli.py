@@ -73,8 +73,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("-ctv", "--cache-type-v", choices=("f32", "f16", "bf16"), default="f32",
         help="KV cache type for V (default: %(default)s)")
     add("--compile", action="store_true",
-        help="compile decode steps with torch.compile at start-up: faster decoding at small batches, "
-             "one to three minutes more start-up the first time (default: off)")
+        help="compile decode steps with torch.compile at start-up: faster decoding, but minutes more "
+             "start-up (up to about four the first time, less once inductor's cache is warm) (default: off)")
     add("--context-shift", dest="context_shift", action="store_true", default=False,
         help="when a generation fills its slot, drop half of the tokens after n_keep and go on (default: off)")
     add("--no-context-shift", dest="context_shift", action="store_false",

@@ -8,8 +8,9 @@ eager forward, so a decode token is computed the same way whatever shares its st
 invariance, as on the eager path). With LoRA adapters loaded every step runs eagerly (their
 scales change per request).
 
-Compiling takes a minute or two on a small CPU (once per process; inductor caches its work on
-disk, so later starts are quicker), which is why it is opt-in (`lamplight serve --compile`).
+Compiling takes up to about four minutes on a 2-core CPU (once per process; inductor caches
+its work on disk, so later starts take one to two and a half), which is why it is opt-in
+(`lamplight serve --compile`).
 Shapes are compiled dynamic, so any batch size and context length reuse one compiled graph.
 """
 
