@@ -14,7 +14,7 @@ import httpx
 import pytest
 from tiny_gguf import write_tiny_llama
 
-from lamplight.cli import build_parser, main
+from lamplight.cli import build_parser, engine_options, main
 from lamplight.server import ServerSettings, ServerState
 from lamplight.server.launcher import serve, uvicorn_server
 
@@ -43,12 +43,14 @@ def test_serve_flags_use_llama_server_names():
         "serve", "-m", "m.gguf", "-c", "512", "-np", "2", "-b", "256", "-ub", "64", "-n", "16", "-a", "mine",
         "--api-key", "a,b", "-t", "2", "--seed", "7", "--temp", "0.5", "--top-k", "10", "--top-p", "0.9",
         "--min-p", "0.1", "--queue-size", "3", "--no-slots", "--cors-origins", "http://x", "--metrics",
-        "--context-shift", "-to", "30", "--chat-template", "chatml", "-ctk", "f16", "-ctv", "bf16"])
+        "--context-shift", "-to", "30", "--chat-template", "chatml", "-ctk", "f16", "-ctv", "bf16", "--compile"])
     assert (args.model, args.ctx_size, args.parallel, args.batch_size, args.ubatch_size) == ("m.gguf", 512, 2, 256, 64)
     assert (args.n_predict, args.alias, args.api_key, args.threads, args.seed) == (16, "mine", "a,b", 2, 7)
     assert (args.temp, args.top_k, args.top_p, args.min_p, args.queue_size) == (0.5, 10, 0.9, 0.1, 3)
     assert args.no_slots and args.metrics and args.context_shift and args.timeout == 30
-    assert (args.cache_type_k, args.cache_type_v) == ("f16", "bf16")
+    assert (args.cache_type_k, args.cache_type_v) == ("f16", "bf16") and args.compile
+    options = engine_options(args)
+    assert (options.cache_type_k, options.cache_type_v, options.compile) == ("f16", "bf16", True)
     defaults = build_parser().parse_args(["serve"])
     assert (defaults.model, defaults.host, defaults.port, defaults.parallel) == ("smollm2-135m-instruct", "127.0.0.1", 8080, 4)
 
