@@ -3,9 +3,9 @@
 Storage is flat per layer and head-major: `k[layer]` has shape
 [n_kv_heads, num_blocks * block_size, head_dim], so a token's K/V lives at index
 `block * block_size + offset` of every head. Head-major storage lets one gather of a batch's keys
-come out as [n_kv_heads * batch, context, head_dim], the layout batched matmuls take as is. Sequences own lists of blocks (their
-block table); blocks are reference-counted so several sequences can share a prefix (the `n`
-choices of one request share the prompt's blocks).
+come out as [n_kv_heads * batch, context, head_dim], the layout batched matmuls take as is.
+Sequences own lists of blocks (their block table); blocks are reference-counted so several
+sequences can share a prefix (the `n` choices of one request share the prompt's blocks).
 """
 
 from __future__ import annotations

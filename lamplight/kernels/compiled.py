@@ -22,7 +22,7 @@ import torch
 
 from ..engine.kv_cache import BlockTable, KVCache
 from ..models.base import CausalLM
-from ..models.batch import DECODE_KEY_ALIGN, ForwardBatch, SequenceChunk, build_forward_batch
+from ..models.batch import DECODE_KEY_ALIGN, ForwardBatch, SequenceChunk, build_forward_batch, count_leading_decode
 
 # Decode steps run at start-up so that every graph is compiled before requests arrive:
 # (sequences, context length). A batch of one gets its own graph (PyTorch specializes sizes 0
@@ -46,7 +46,7 @@ class CompiledDecode:
 
     def run(self, chunks: Sequence[SequenceChunk], kv: KVCache) -> torch.Tensor:
         """Logits for a step's chunks, as `model(build_forward_batch(chunks), kv)` would return."""
-        n_decode = next((i for i, c in enumerate(chunks) if len(c.token_ids) != 1), len(chunks))
+        n_decode = count_leading_decode(chunks)
         if self._has_lora or n_decode == 0:
             return self.model(build_forward_batch(chunks, device=kv.device), kv)
         logits = self(build_forward_batch(chunks[:n_decode], device=kv.device), kv)

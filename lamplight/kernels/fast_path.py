@@ -25,17 +25,15 @@ def use_fast_path(model: CausalLM, device: str = "cpu") -> CausalLM:
     cpu = torch.device(device).type == "cpu"
     split = RowSplit()
     model.row_split = split
-    in_fused_group = set()
     for module in model.modules():
         if isinstance(module, LinearGroup):
             module.fused = _fused_kernel(list(module.members), cpu, split)
             start = 0
             for member, size in zip(module.members, module.sizes):
                 member.kernel = FusedSlice(module.fused, start, start + size)
-                in_fused_group.add(member)
                 start += size
     for module in model.modules():
-        if isinstance(module, QuantLinear) and module not in in_fused_group:
+        if isinstance(module, QuantLinear) and not isinstance(module.kernel, FusedSlice):
             module.kernel = _kernel(module, cpu, split)
     if getattr(model, "output", None) is None:
         model.tied_head_kernel = Int8CpuKernel(model.token_embd) if cpu else DenseKernel(model.token_embd, torch.bfloat16)

@@ -113,7 +113,7 @@ def build_forward_batch(chunks: Sequence[SequenceChunk], device: torch.device | 
         groups.append(_make_group(decode, device))
     groups.extend(_make_group([item], device) for item in prefill)
     as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
-    leading_decode = next((i for i, c in enumerate(chunks) if len(c.token_ids) != 1), len(chunks))
+    leading_decode = count_leading_decode(chunks)
     return ForwardBatch(
         token_ids=as_long(token_ids),
         positions=as_long(positions),
@@ -122,6 +122,11 @@ def build_forward_batch(chunks: Sequence[SequenceChunk], device: torch.device | 
         logit_rows=as_long(logit_rows),
         leading_decode_tokens=leading_decode,
     )
+
+
+def count_leading_decode(chunks: Sequence[SequenceChunk]) -> int:
+    """How many chunks at the start of a step are single tokens (decode tokens)."""
+    return next((i for i, c in enumerate(chunks) if len(c.token_ids) != 1), len(chunks))
 
 
 def _make_group(items: list[tuple[int, SequenceChunk]], device) -> AttentionGroup:
