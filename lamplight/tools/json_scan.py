@@ -80,8 +80,7 @@ def scan_value(text: str, i: int) -> Node | None:
 def _object(text: str, start: int) -> Node:
     node = Node("object", start, len(text), False)
     i = skip_ws(text, start + 1)
-    if i < len(text) and text[i] == "}":
-        node.end, node.complete = i + 1, True
+    if _closes(text, node, i, "}"):
         return node
     while True:
         if i >= len(text):
@@ -102,22 +101,16 @@ def _object(text: str, start: int) -> Node:
         node.members.append((key, value))
         if value is None or not value.complete:
             return node
-        i = skip_ws(text, value.end)
-        if i >= len(text):
+        i = _after_item(text, node, value.end, "}")
+        if i is None:
             return node
-        if text[i] == "}":
-            node.end, node.complete = i + 1, True
-            return node
-        if text[i] != ",":
-            raise JsonMalformed(f"expected ',' or '}}' at {i}")
-        i = skip_ws(text, i + 1)
+        i = skip_ws(text, i)
 
 
 def _array(text: str, start: int) -> Node:
     node = Node("array", start, len(text), False)
     i = skip_ws(text, start + 1)
-    if i < len(text) and text[i] == "]":
-        node.end, node.complete = i + 1, True
+    if _closes(text, node, i, "]"):
         return node
     while True:
         value = scan_value(text, i)
@@ -126,15 +119,28 @@ def _array(text: str, start: int) -> Node:
         node.items.append(value)
         if not value.complete:
             return node
-        i = skip_ws(text, value.end)
-        if i >= len(text):
+        i = _after_item(text, node, value.end, "]")
+        if i is None:
             return node
-        if text[i] == "]":
-            node.end, node.complete = i + 1, True
-            return node
-        if text[i] != ",":
-            raise JsonMalformed(f"expected ',' or ']' at {i}")
-        i += 1
+
+
+def _closes(text: str, node: Node, i: int, closer: str) -> bool:
+    """Complete `node` if its closing bracket stands at `i`."""
+    if i < len(text) and text[i] == closer:
+        node.end, node.complete = i + 1, True
+        return True
+    return False
+
+
+def _after_item(text: str, node: Node, end: int, closer: str) -> int | None:
+    """After a member or item ending at `end`: the index past the next ',', or None when the
+    text ends there or `closer` completes `node`."""
+    i = skip_ws(text, end)
+    if i >= len(text) or _closes(text, node, i, closer):
+        return None
+    if text[i] != ",":
+        raise JsonMalformed(f"expected ',' or '{closer}' at {i}")
+    return i + 1
 
 
 def _string(text: str, start: int) -> Node:
