@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,8 @@ from .models import CausalLM, load_model
 from .sources import ALIASES, resolve_model
 from .tokenizer import Tokenizer
 
+log = logging.getLogger("lamplight")
+
 
 @dataclass
 class LoadedModel:
@@ -23,6 +26,7 @@ class LoadedModel:
     model: CausalLM
     tokenizer: Tokenizer
     chat_template: ChatTemplate
+    kernels: str = "pytorch reference"  # what computes the model (start-up log, /props)
 
 
 def load(
@@ -37,7 +41,8 @@ def load(
     """Load a model by GGUF path or built-in alias (default: smollm2-135m-instruct).
 
     `fast=False` is the float32 reference path (dequantized weights, what the fidelity tests
-    check); `fast=True` packs weights for speed (see lamplight.kernels.fast_path).
+    check); `fast=True` is the native forward pass on CPU (lamplight.native) where a C++ compiler
+    is available, else PyTorch's packed kernels (lamplight.kernels.fast_path).
 
     >>> m = lamplight.load("smollm2-135m-instruct")
     >>> ids = m.tokenizer.encode("Hello")
@@ -47,9 +52,30 @@ def load(
     tokenizer = Tokenizer.from_gguf(gguf)
     template = resolve_chat_template(gguf.metadata, chat_template, chat_template_file)
     model = load_model(gguf)
+    kernels = "pytorch reference"
     if fast:
-        use_fast_path(model, device)
+        why_not = attach_native(model) if device == "cpu" else f"device {device}"
+        kernels = model.native.describe() if model.native is not None else f"pytorch fast ({why_not})"
+        if model.native is None:
+            use_fast_path(model, device)
     if device != "cpu":
+        model.token_embd  # materialised here so that .to() moves it
         model.to(device)
     name = os.fspath(spec) if spec is not None and os.fspath(spec) in ALIASES else path.name
-    return LoadedModel(path, name, gguf, model, tokenizer, template)
+    return LoadedModel(path, name, gguf, model, tokenizer, template, kernels)
+
+
+def attach_native(model: CausalLM) -> str | None:
+    """Give `model` the native forward pass if this machine has it; else say why not."""
+    from .native import runtime
+    from .native.runner import NativeModel, NativeUnsupported
+
+    lib = runtime.library()
+    if lib is None:
+        return runtime.unavailable_reason()
+    try:
+        model.native = NativeModel(model, lib)
+    except NativeUnsupported as exc:
+        log.warning("no native forward for this model (%s): running on PyTorch's kernels", exc)
+        return f"no native forward: {exc}"
+    return None

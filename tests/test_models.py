@@ -25,11 +25,11 @@ from lamplight.models.scoring import greedy, score
 MARGIN = 0.5
 
 
-def _agreement(model, rows):
+def _agreement(model, rows, kv_dtype=torch.float32):
     """Top-1 agreement where llama.cpp's margin >= MARGIN, and the per-position max top-10 diff."""
     checked, mismatches, diffs = 0, [], []
     for r, row in enumerate(rows):
-        logits = score(model, row["tokens"])
+        logits = score(model, row["tokens"], kv_dtype=kv_dtype)
         for i, pos in enumerate(row["positions"]):
             ref = torch.tensor(pos["logits"])
             diffs.append((logits[i][pos["ids"]] - ref).abs().max().item())
@@ -61,6 +61,27 @@ def test_fast_path_keeps_fidelity(name, request):
     checked, mismatches, diffs = _agreement(model, rows)
     median = statistics.median(diffs)
     print(f"\n{name} fast path: top-1 agrees at {checked - len(mismatches)}/{checked}; max top-10 |diff| median {median:.3f}")
+    assert not mismatches and median <= 0.5
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_native_path_keeps_fidelity(name, request):
+    """The native forward (8-bit activations, packed GGUF weights, f16 KV cache as served) stays
+    within the reference path's bounds against llama.cpp (figures printed)."""
+    from lamplight.native import runtime
+    from lamplight.native.runner import NativeModel
+
+    lib = runtime.library()
+    if lib is None:
+        pytest.skip(f"no native kernels here: {runtime.unavailable_reason()}")
+    path = request.getfixturevalue(f"{name}_path")
+    rows = load_jsonl(f"{name}.logits.jsonl")
+    model = load_model(GGUFFile(path))
+    model.native = NativeModel(model, lib)
+    checked, mismatches, diffs = _agreement(model, rows, kv_dtype=torch.float16)
+    median = statistics.median(diffs)
+    print(f"\n{name} native path: top-1 agrees at {checked - len(mismatches)}/{checked}; max top-10 |diff| median {median:.3f}")
     assert not mismatches and median <= 0.5
 
 

@@ -52,9 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="measure the engine in this process instead of a server: ms per decode "
                              "step by batch size, prefill tokens/s, peak memory")
     engine.add_argument("--engine-model", metavar="ALIAS|PATH", help="model for --engine (default: smollm2-135m-instruct)")
-    engine.add_argument("--paths", default="reference,fast", metavar="P,P",
-                        help="paths measured side by side with --engine: reference, fast, compiled (fast with "
-                             "compiled decode steps) (default: %(default)s)")
+    engine.add_argument("--paths", default="fast,native", metavar="P,P",
+                        help="paths measured side by side with --engine: reference, fast (PyTorch's packed kernels), "
+                             "compiled (fast with compiled decode steps), native (the C++ forward) "
+                             "(default: %(default)s)")
     engine.add_argument("--batches", type=_int_list, default=(1, 4, 16, 32), metavar="N,N,...",
                         help="decode batch sizes for --engine (default: 1,4,16,32)")
     engine.add_argument("--steps", type=int, default=12, help="timed decode steps per batch size (default: %(default)s)")
@@ -74,8 +75,8 @@ def run_with_args(args: argparse.Namespace) -> int:
         from lamplight.bench.engine_bench import run_engine_bench
 
         paths = [p.strip() for p in args.paths.split(",") if p.strip()]
-        if not paths or any(p not in ("reference", "fast", "compiled") for p in paths):
-            print("lamplight bench: error: --paths takes reference, fast and/or compiled", file=sys.stderr)
+        if not paths or any(p not in ("reference", "fast", "compiled", "native") for p in paths):
+            print("lamplight bench: error: --paths takes reference, fast, compiled and/or native", file=sys.stderr)
             return 2
         return run_engine_bench(args.engine_model, paths, list(args.batches), args.steps, args.json)
     progress = Progress(enabled=not args.no_progress)

@@ -1,8 +1,11 @@
 """In-process engine figures: ms per decode step by batch size, prefill tokens/s, peak memory.
 
-`lamplight bench --engine [--model ALIAS|PATH] [--paths reference,fast,compiled]` runs the model
-directly (no HTTP), so the numbers isolate the forward pass, the sampler chain and the batch
-assembly. `compiled` is the fast path with decode steps through torch.compile (`--compile`).
+`lamplight bench --engine [--model ALIAS|PATH] [--paths reference,fast,compiled,native]` runs the
+model directly (no HTTP), so the numbers isolate the forward pass, the sampler chain and the batch
+assembly. `reference` is dequantized float32, `fast` PyTorch's packed kernels, `compiled` the fast
+path with decode steps through torch.compile (`--compile`), `native` the C++ forward
+(lamplight.native, the default where a compiler is available). Each path's KV cache has the
+server's default type for it (f16 on the native path, f32 on PyTorch's).
 Several paths are measured interleaved in one run, so machine drift affects them alike.
 """
 
@@ -23,9 +26,14 @@ from ..sampling import SamplingParams, SequenceSampler, sample_batch
 CONTEXT = 128  # tokens already in each sequence's cache when decode steps are timed
 
 
+def _cache_dtype(model) -> torch.dtype:
+    return torch.float16 if model.native is not None else torch.float32
+
+
 def decode_step_ms(model, tokenizer, batch: int, steps: int, forward=None) -> float:
     forward = forward or model
-    cache = KVCache(model.config.kv_layout, num_blocks=batch * (CONTEXT + steps + 16) // 16 + batch, block_size=16)
+    cache = KVCache(model.config.kv_layout, num_blocks=batch * (CONTEXT + steps + 16) // 16 + batch, block_size=16,
+                    dtype=_cache_dtype(model))
     tables = []
     for b in range(batch):
         table = BlockTable(cache)
@@ -54,7 +62,7 @@ def decode_step_ms(model, tokenizer, batch: int, steps: int, forward=None) -> fl
 
 
 def prefill_tokens_per_s(model, n_tokens: int, chunk: int = 512) -> float:
-    cache = KVCache(model.config.kv_layout, num_blocks=n_tokens // 16 + 2, block_size=16)
+    cache = KVCache(model.config.kv_layout, num_blocks=n_tokens // 16 + 2, block_size=16, dtype=_cache_dtype(model))
     table = BlockTable(cache)
     ids = [(i * 31) % 1000 + 100 for i in range(n_tokens)]
     start = time.perf_counter()
@@ -88,6 +96,10 @@ def run_engine_bench(model_spec: str | None, paths: list[str], batches: list[int
     forwards = {}
     for path in paths:
         m = load(model_spec, fast=(path != "reference"))
+        if path == "native" and m.model.native is None:
+            raise SystemExit(f"no native path here: {m.kernels}")
+        if path != "native":
+            m.model.use_torch_kernels(f"the {path} path is benchmarked")
         m.model.requires_grad_(False)
         loaded[path] = m
         forwards[path] = m.model

@@ -31,3 +31,17 @@ def dequantize(info: TensorInfo) -> torch.Tensor:
     else:
         values = _gguf_dequantize(info.data, info.qtype)
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32).reshape(info.shape))
+
+
+def dequantize_rows(info: TensorInfo, rows: np.ndarray) -> torch.Tensor:
+    """Rows `rows` of a 2-D tensor as float32 [len(rows), columns], reading only their blocks
+    (an embedding lookup without a float32 copy of the whole table)."""
+    check_supported(info)
+    raw = info.data.reshape(info.shape[0], -1)[rows]
+    if info.qtype == Q.F32:
+        values = raw.view(np.float32)
+    elif info.qtype == Q.F16:
+        values = raw.view(np.float16).astype(np.float32)
+    else:
+        values = _gguf_dequantize(raw, info.qtype)
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32).reshape(len(rows), info.shape[1]))

@@ -36,6 +36,7 @@ ALL_ROWS = 1 << 30
 
 class CompiledDecode:
     def __init__(self, model: CausalLM):
+        model.use_torch_kernels("--compile compiles the PyTorch path")
         self.model = model
         # Without this a context length equal to some model size (64 = a head's width) would be
         # compiled as that constant, and every other length would compile again.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +14,8 @@ from ..gguf.file import GGUFError, GGUFFile
 from ..gguf.quant import dequantize
 from .batch import ForwardBatch
 from .layers import QuantLinear
+
+log = logging.getLogger("lamplight")
 
 
 @dataclass(frozen=True)
@@ -48,10 +51,32 @@ class CausalLM(nn.Module):
         from .layers import RMSNorm
 
         cfg = self.config
-        self.register_buffer("token_embd", w.dense("token_embd.weight"), persistent=False)
+        self.token_embd_info = w.info("token_embd.weight")  # raw blocks; float32 only when needed
         self.blocks = nn.ModuleList(block_cls(w, i, cfg.rms_eps) for i in range(cfg.n_layers))
         self.output_norm = RMSNorm(w.dense("output_norm.weight"), cfg.rms_eps)
         self.output = w.linear("output.weight") if w.has("output.weight") else None
+
+    native = None  # a lamplight.native.NativeModel computing every step, when the native kernels serve
+
+    @property
+    def token_embd(self) -> torch.Tensor:
+        """The float32 embedding table, dequantized on first use (the native path reads the raw
+        rows instead: for a large vocabulary this table is the biggest float32 copy there is)."""
+        table = self._buffers.get("_token_embd")
+        if table is None:
+            table = dequantize(self.token_embd_info)
+            self.register_buffer("_token_embd", table, persistent=False)
+        return table
+
+    def use_torch_kernels(self, reason: str) -> None:
+        """Leave the native forward for PyTorch's fast kernels (LoRA adapters and torch.compile
+        need the PyTorch modules)."""
+        if self.native is not None:
+            from ..kernels.fast_path import use_fast_path
+
+            log.info("using PyTorch's kernels: %s", reason)
+            self.native = None
+            use_fast_path(self)
 
     row_split = None  # set by the fast path: its kernels treat decode rows apart from prompt rows
 
@@ -73,6 +98,8 @@ class CausalLM(nn.Module):
     tied_head_kernel = None  # set by the fast path (e.g. a bf16 copy of the embedding)
 
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        if self.native is not None:
+            return self.native(batch, kv)
         if self.row_split is not None:
             self.row_split.decode_rows = batch.leading_decode_tokens
         return self.compute(batch, kv)
@@ -104,12 +131,12 @@ class WeightSource:
         return name in self.gguf.tensors
 
     def linear(self, name: str) -> QuantLinear:
-        return QuantLinear(self._info(name))
+        return QuantLinear(self.info(name))
 
     def dense(self, name: str) -> torch.Tensor:
-        return dequantize(self._info(name))
+        return dequantize(self.info(name))
 
-    def _info(self, name: str):
+    def info(self, name: str):
         info = self.gguf.tensors.get(name)
         if info is None:
             raise GGUFError(f"{self.gguf.path}: tensor {name} is missing")

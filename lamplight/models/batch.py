@@ -77,12 +77,22 @@ class ForwardBatch:
     token_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     kv_write_slots: torch.Tensor  # [T] pool index where each token's K/V is stored
-    groups: list[AttentionGroup]
     logit_rows: torch.Tensor  # [N] rows whose logits are returned, in chunk order
+    chunks: Sequence[SequenceChunk]  # what the batch was built from, in row order
     # Optional embeddings that replace token embeddings at given rows (multimodal splicing).
     embedding_overrides: tuple[torch.Tensor, torch.Tensor] | None = None
     # How many leading rows are single-token (decode) chunks; kernels may treat them apart.
     leading_decode_tokens: int = 0
+    device: torch.device | str = "cpu"
+    _groups: list[AttentionGroup] | None = None
+
+    @property
+    def groups(self) -> list[AttentionGroup]:
+        """The PyTorch path's attention groups (built on first use: the native forward reads the
+        chunks' key slots directly and never needs them)."""
+        if self._groups is None:
+            self._groups = _make_groups(self.chunks, self.device)
+        return self._groups
 
 
 def build_forward_batch(chunks: Sequence[SequenceChunk], device: torch.device | str = "cpu") -> ForwardBatch:
@@ -90,8 +100,6 @@ def build_forward_batch(chunks: Sequence[SequenceChunk], device: torch.device | 
     positions: list[int] = []
     write_slots: list[int] = []
     logit_rows: list[int] = []
-    decode: list[tuple[int, SequenceChunk]] = []
-    prefill: list[tuple[int, SequenceChunk]] = []
     for chunk in chunks:
         n = len(chunk.token_ids)
         if n == 0:
@@ -106,22 +114,31 @@ def build_forward_batch(chunks: Sequence[SequenceChunk], device: torch.device | 
             logit_rows.extend(range(first_row, first_row + n))
         elif chunk.need_logits:
             logit_rows.append(first_row + n - 1)
-        (decode if n == 1 else prefill).append((first_row, chunk))
-
-    groups = []
-    if decode:
-        groups.append(_make_group(decode, device))
-    groups.extend(_make_group([item], device) for item in prefill)
     as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
-    leading_decode = count_leading_decode(chunks)
     return ForwardBatch(
         token_ids=as_long(token_ids),
         positions=as_long(positions),
         kv_write_slots=as_long(write_slots),
-        groups=groups,
         logit_rows=as_long(logit_rows),
-        leading_decode_tokens=leading_decode,
+        chunks=list(chunks),
+        leading_decode_tokens=count_leading_decode(chunks),
+        device=device,
     )
+
+
+def _make_groups(chunks: Sequence[SequenceChunk], device) -> list[AttentionGroup]:
+    """All single-token chunks in one group, then one group per longer chunk."""
+    decode: list[tuple[int, SequenceChunk]] = []
+    prefill: list[tuple[int, SequenceChunk]] = []
+    first_row = 0
+    for chunk in chunks:
+        (decode if len(chunk.token_ids) == 1 else prefill).append((first_row, chunk))
+        first_row += len(chunk.token_ids)
+    groups = []
+    if decode:
+        groups.append(_make_group(decode, device))
+    groups.extend(_make_group([item], device) for item in prefill)
+    return groups
 
 
 def count_leading_decode(chunks: Sequence[SequenceChunk]) -> int:

@@ -28,15 +28,27 @@ class QuantLinear(nn.Module):
         self.qtype = info.qtype
         self.raw = info.data
         self.out_features, self.in_features = info.shape
-        self.kernel = DenseKernel(dequantize(info), torch.float32)
+        self._kernel = None  # dequantized on first use: the native path never needs a float32 copy
         self.loras: list[tuple[int, torch.Tensor, torch.Tensor, float]] = []
         self.lora_scales = None  # lamplight.models.lora.LoraScales, shared by all layers
 
     @property
+    def kernel(self):
+        """What computes the layer on the PyTorch path: the float32 reference weight unless the
+        fast path set another kernel."""
+        if self._kernel is None:
+            self._kernel = DenseKernel(dequantize(self.info), torch.float32)
+        return self._kernel
+
+    @kernel.setter
+    def kernel(self, kernel) -> None:
+        self._kernel = kernel
+
+    @property
     def weight(self) -> torch.Tensor:
-        """The float32 weight (dequantized again if the kernel no longer holds it)."""
-        if isinstance(self.kernel, DenseKernel) and self.kernel.dtype == torch.float32:
-            return self.kernel.weight
+        """The float32 weight (dequantized again if the kernel does not hold it)."""
+        if isinstance(self._kernel, DenseKernel) and self._kernel.dtype == torch.float32:
+            return self._kernel.weight
         return dequantize(self.info)
 
     def add_lora(self, index: int, a: torch.Tensor, b: torch.Tensor, factor: float, scales) -> None:

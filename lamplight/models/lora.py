@@ -67,6 +67,7 @@ def load_lora(path: str | os.PathLike, architecture: str) -> LoraAdapter:
 def attach_loras(model: CausalLM, adapters: list[LoraAdapter]) -> LoraScales:
     """Hook every adapter into the model's linear layers; returns the per-step scale holder."""
     scales = LoraScales([0.0] * len(adapters))
+    model.use_torch_kernels("LoRA adapters are applied on the PyTorch path")
     linears = {m.name: m for m in model.modules() if isinstance(m, QuantLinear)}
     for index, adapter in enumerate(adapters):
         for name, (a, b) in adapter.weights.items():

@@ -11,15 +11,15 @@ from .base import CausalLM
 from .batch import SequenceChunk, build_forward_batch
 
 
-def new_cache(model: CausalLM, num_tokens: int, block_size: int = 16) -> KVCache:
+def new_cache(model: CausalLM, num_tokens: int, block_size: int = 16, dtype: torch.dtype = torch.float32) -> KVCache:
     blocks = (num_tokens + block_size - 1) // block_size
-    return KVCache(model.config.kv_layout, blocks, block_size)
+    return KVCache(model.config.kv_layout, blocks, block_size, dtype=dtype)
 
 
 @torch.inference_mode()
-def score(model: CausalLM, token_ids: Sequence[int]) -> torch.Tensor:
+def score(model: CausalLM, token_ids: Sequence[int], kv_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Logits [len(token_ids), vocab] at every position of one sequence."""
-    cache = new_cache(model, len(token_ids))
+    cache = new_cache(model, len(token_ids), dtype=kv_dtype)
     table = BlockTable(cache)
     table.fill_to(len(token_ids))
     chunk = SequenceChunk(list(token_ids), 0, table.slots(), all_logits=True)

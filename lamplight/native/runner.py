@@ -1,0 +1,208 @@
+"""A loaded model's weights handed to the native forward pass (src/forward.cpp).
+
+`NativeModel(model, lib)` describes a `CausalLM` (llama or gemma3) to the C++ side once: the
+packed weights (lamplight.native.pack, exact repacks of the GGUF blocks), norms, RoPE tables.
+Calling it runs one step: every row through the same native code, K/V written to the engine's
+paged pool, logits for the batch's logit rows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+
+import numpy as np
+import torch
+
+from ..gguf.quant import dequantize, dequantize_rows
+from ..models.base import CausalLM
+from ..models.batch import ForwardBatch
+from . import abi
+
+KV_TYPES = {torch.float32: abi.LP_KV_F32, torch.float16: abi.LP_KV_F16, torch.bfloat16: abi.LP_KV_BF16}
+
+
+class NativeUnsupported(ValueError):
+    """This model (or one of its tensors) has no native path; PyTorch's kernels serve it."""
+
+
+def _ptr(t) -> int | None:
+    if t is None:
+        return None
+    if isinstance(t, np.ndarray):
+        return t.ctypes.data
+    return t.data_ptr()
+
+
+class NativeModel:
+    def __init__(self, model: CausalLM, lib: ctypes.CDLL, packed: bool = True):
+        self.model = model
+        self.lib = lib
+        self.packed = packed
+        self._keep: list = []  # every array the C side points into
+        self._kv_cache: dict[int, abi.KV] = {}
+        config = self._describe_config(model)
+        layers = (abi.Layer * model.config.n_layers)(*(self._describe_layer(model, i) for i in range(model.config.n_layers)))
+        self._config, self._layers = config, layers
+        self.handle = lib.lp_model_new(ctypes.byref(config), layers)
+        lib.lp_set_threads(torch.get_num_threads())  # -t sets torch's count before loading
+        self.threads = lib.lp_get_threads()
+        self.kinds = sorted({self._kind(p) for p in self._parts()})
+
+    def describe(self) -> str:
+        """The kernel set, for the start-up log and /props: e.g. 'native avx512vnni (w4, w8_32; 2 threads)'."""
+        return f"native {self.lib.lp_isa().decode()} ({', '.join(self.kinds)}; {self.threads} threads)"
+
+    def weight_bytes(self) -> int:
+        """Bytes of the weights the native forward reads (packed, plus dense norms and tables)."""
+        return sum(t.nbytes if isinstance(t, np.ndarray) else t.numel() * t.element_size() for t in self._keep)
+
+    def __del__(self):
+        handle = getattr(self, "handle", None)
+        if handle:
+            self.lib.lp_model_free(handle)
+
+    # -- description -----------------------------------------------------------------------------
+
+    def _hold(self, t: torch.Tensor | np.ndarray) -> int:
+        if isinstance(t, torch.Tensor):
+            t = t.detach().float().contiguous()
+        self._keep.append(t)
+        return _ptr(t)
+
+    def _linear(self, members, bias: torch.Tensor | None = None) -> abi.Linear:
+        """One native linear over `members` (QuantLinears reading the same input)."""
+        infos = [m.info for m in members]
+        lin = abi.Linear()
+        groups: list[tuple[list, object]] = []
+        groups = [([i], None) for i in infos] if not self.packed else _pack_groups(infos)
+        if len(groups) > abi.MAX_PARTS:
+            raise NativeUnsupported(f"more than {abi.MAX_PARTS} weights in one fused linear")
+        lin.n_parts = len(groups)
+        lin.n_out = sum(i.shape[0] for i in infos)
+        for part, (group_infos, packed) in zip(lin.parts, groups):
+            if packed is not None:
+                part.w.format, part.w.n, part.w.k = packed.format, packed.n, packed.k
+                part.w.data = self._hold(packed.data)
+            else:
+                weight = torch.cat([dequantize(i) for i in group_infos])
+                part.w.format, part.w.n, part.w.k = 0, weight.shape[0], weight.shape[1]
+                part.dense = self._hold(weight)
+        lin.bias = self._hold(bias) if bias is not None else None
+        return lin
+
+    def _parts(self):
+        for layer in self._layers:
+            for lin in (layer.qkv, layer.wo, layer.gate_up, layer.down):
+                yield from lin.parts[: lin.n_parts]
+        yield from self._config.head.parts[: self._config.head.n_parts]
+
+    @staticmethod
+    def _kind(part: abi.LinearPart) -> str:
+        return {0: "f32", 1: "w4", 2: "w8", 3: "w8_32"}.get(part.w.format, f"format{part.w.format}")
+
+    def _describe_config(self, model: CausalLM) -> abi.Config:
+        cfg = model.config
+        arch = cfg.architecture
+        c = abi.Config()
+        c.n_layers, c.n_embd, c.n_heads, c.n_kv_heads = cfg.n_layers, cfg.n_embd, cfg.n_heads, cfg.n_kv_heads
+        c.head_dim_k, c.head_dim_v, c.n_ff, c.vocab = cfg.head_dim_k, cfg.head_dim_v, cfg.n_ff, cfg.vocab_size
+        c.rms_eps, c.attn_scale = cfg.rms_eps, model.scale
+        if arch == "llama":
+            ropes, c.activation, c.embd_scale, c.final_softcap = [model.rope], abi.LP_ACT_SILU, 1.0, 0.0
+        elif arch == "gemma3":
+            ropes = [model.rope_local, model.rope_global]
+            c.activation, c.embd_scale = abi.LP_ACT_GELU_TANH, model.embd_scale
+            c.final_softcap = float(model.softcap or 0.0)
+        else:
+            raise NativeUnsupported(f"no native forward for architecture {arch}")
+        c.n_rot, c.rope_neox, c.rope_max_pos = ropes[0].n_rot, int(ropes[0].neox), ropes[0].cos.shape[0]
+        for i, rope in enumerate(ropes):
+            c.rope_cos[i], c.rope_sin[i] = self._hold(rope.cos), self._hold(rope.sin)
+        c.output_norm = self._hold(model.output_norm.weight)
+        c.head = self._linear([model.output] if model.output is not None else [_TiedHead(model)])
+        return c
+
+    def _describe_layer(self, model: CausalLM, i: int) -> abi.Layer:
+        blk = model.blocks[i]
+        layer = abi.Layer()
+        layer.qkv = self._linear(list(blk.qkv.members))
+        layer.wo = self._linear([blk.wo])
+        layer.gate_up = self._linear(list(blk.gate_up.members))
+        layer.down = self._linear([blk.down])
+        layer.attn_norm = self._hold(blk.attn_norm.weight)
+        layer.ffn_norm = self._hold(blk.ffn_norm.weight)
+        if model.config.architecture == "gemma3":
+            layer.q_norm, layer.k_norm = self._hold(blk.q_norm.weight), self._hold(blk.k_norm.weight)
+            layer.post_attn_norm = self._hold(blk.post_attn_norm.weight)
+            layer.post_ffn_norm = self._hold(blk.post_ffn_norm.weight)
+            layer.rope = int(blk.is_global)
+            layer.window = 0 if blk.is_global else model.window
+        return layer
+
+    # -- one step --------------------------------------------------------------------------------
+
+    def _kv(self, kv) -> abi.KV:
+        desc = self._kv_cache.get(id(kv))
+        if desc is None or desc._owner is not kv:
+            n = len(kv.k)
+            desc = abi.KV()
+            desc.k_type, desc.v_type = KV_TYPES[kv.k[0].dtype], KV_TYPES[kv.v[0].dtype]
+            desc.pool_tokens = kv.k[0].shape[1]
+            desc._k = (ctypes.c_void_p * n)(*(t.data_ptr() for t in kv.k))
+            desc._v = (ctypes.c_void_p * n)(*(t.data_ptr() for t in kv.v))
+            desc.k = ctypes.cast(desc._k, ctypes.POINTER(ctypes.c_void_p))
+            desc.v = ctypes.cast(desc._v, ctypes.POINTER(ctypes.c_void_p))
+            desc._owner = kv
+            self._kv_cache = {id(kv): desc}
+        return desc
+
+    def embeddings(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return dequantize_rows(self.model.token_embd_info, token_ids.numpy())
+
+    def __call__(self, batch: ForwardBatch, kv) -> torch.Tensor:
+        if batch.embedding_overrides is not None:
+            raise NativeUnsupported("embedding overrides have no native path")
+        embd = self.embeddings(batch.token_ids)
+        key_offsets, key_slots = key_table(batch)
+        positions = batch.positions.contiguous()
+        write_slots = batch.kv_write_slots.contiguous()
+        logit_rows = batch.logit_rows.contiguous()
+        logits = torch.empty(logit_rows.numel(), self.model.config.vocab_size)
+        b = abi.Batch(embd.shape[0], logit_rows.numel(), _ptr(embd), _ptr(positions), _ptr(write_slots),
+                      _ptr(key_offsets), _ptr(key_slots), _ptr(logit_rows))
+        rc = self.lib.lp_forward(self.handle, ctypes.byref(b), ctypes.byref(self._kv(kv)), logits.data_ptr())
+        if rc != 0:
+            raise NativeUnsupported(f"the native forward refused this model's shapes (code {rc})")
+        return logits
+
+
+def _pack_groups(infos: list) -> list[tuple[list, object]]:
+    """(infos, packed weight or None for dense float32) parts for weights read together: one
+    packed part if they share a format, else one part each."""
+    from . import pack
+
+    if len(infos) == 1 or not all(pack.can_pack(i.qtype) for i in infos):
+        return [([i], pack.pack(i) if pack.can_pack(i.qtype) else None) for i in infos]
+    try:
+        return [(infos, pack.pack_rows(infos))]
+    except ValueError:  # mixed formats (e.g. Q4_K Q/K with a Q6_K V): one part each
+        return [([i], pack.pack(i)) for i in infos]
+
+
+class _TiedHead:
+    """The token embedding standing in as the output head (models with a tied head)."""
+
+    def __init__(self, model: CausalLM):
+        self.info = model.token_embd_info
+
+
+def key_table(batch: ForwardBatch) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's key slots in the pool: (offsets [T], slots); row r's key at position p is
+    slots[offsets[r] + p]. A chunk's rows share its slot list (causality comes from positions)."""
+    offsets, base = [], 0
+    for chunk in batch.chunks:
+        offsets.extend([base] * len(chunk.token_ids))
+        base += len(chunk.kv_slots)
+    slots = np.fromiter(itertools.chain.from_iterable(c.kv_slots for c in batch.chunks), dtype=np.int64, count=base)
+    return np.asarray(offsets, dtype=np.int64), slots

@@ -1,0 +1,480 @@
+#include "forward.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "pool.h"
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+using std::vector;
+
+// ---------------------------------------------------------------------------------------------
+// Small vector helpers. Each reduces in one fixed order for a given build, so a row's result
+// never depends on the rows around it.
+
+// The reduction order of dot() is the AVX2 one in every build (two 8-lane accumulators, then a
+// fixed tree), so the generic build computes the same bits as the vector builds.
+float dot(const float* a, const float* b, int n) {
+    int i = 0;
+#if defined(__AVX2__)
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    __m256 acc = _mm256_add_ps(acc0, acc1);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    float sum = _mm_cvtss_f32(s);
+#else
+    float acc0[8] = {0}, acc1[8] = {0};
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 8; l++) {
+            acc0[l] = std::fma(a[i + l], b[i + l], acc0[l]);
+            acc1[l] = std::fma(a[i + 8 + l], b[i + 8 + l], acc1[l]);
+        }
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) acc0[l] = std::fma(a[i + l], b[i + l], acc0[l]);
+    float acc[8], quad[4];
+    for (int l = 0; l < 8; l++) acc[l] = acc0[l] + acc1[l];
+    for (int l = 0; l < 4; l++) quad[l] = acc[l] + acc[l + 4];
+    float sum = (quad[0] + quad[2]) + (quad[1] + quad[3]);
+#endif
+    for (; i < n; i++) sum = std::fma(a[i], b[i], sum);
+    return sum;
+}
+
+// y += a * x
+void axpy(float a, const float* x, float* y, int n) {
+    int i = 0;
+#if defined(__AVX2__)
+    __m256 va = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#endif
+    for (; i < n; i++) y[i] = std::fma(a, x[i], y[i]);
+}
+
+float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000 | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else {  // subnormal: normalise
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t float_to_half(float f) {  // round to nearest even, as torch's .to(float16)
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000;
+    uint32_t abs = x & 0x7fffffff;
+    if (abs >= 0x7f800000) return (uint16_t)(sign | 0x7c00 | (abs > 0x7f800000 ? 0x200 : 0));
+    if (abs >= 0x477ff000) return (uint16_t)(sign | 0x7c00);  // rounds to infinity
+    if (abs < 0x38800000) {  // subnormal or zero in half
+        float af;
+        std::memcpy(&af, &abs, 4);
+        // 2^-24 is the half subnormal step: scale and round to an integer count of steps.
+        return (uint16_t)(sign | (uint32_t)std::nearbyint(af * 16777216.0f));
+    }
+    uint32_t mant_odd = (abs >> 13) & 1;
+    abs += 0xc8000fff + mant_odd;  // rebias exponent (-112 << 23) and round to nearest even
+    return (uint16_t)(sign | (abs >> 13));
+}
+
+float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t float_to_bf16(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40);
+    return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+}
+
+// A KV row of `n` values as float32 into `out`.
+void load_kv(const void* base, int type, int64_t index, int n, float* out) {
+    if (type == LP_KV_F32) {
+        std::memcpy(out, (const float*)base + index, n * sizeof(float));
+        return;
+    }
+    const uint16_t* src = (const uint16_t*)base + index;
+    int i = 0;
+    if (type == LP_KV_F16) {
+#if defined(__F16C__)
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(src + i))));
+#endif
+        for (; i < n; i++) out[i] = half_to_float(src[i]);
+    } else {
+        for (; i < n; i++) out[i] = bf16_to_float(src[i]);
+    }
+}
+
+void store_kv(void* base, int type, int64_t index, int n, const float* in) {
+    if (type == LP_KV_F32) {
+        std::memcpy((float*)base + index, in, n * sizeof(float));
+        return;
+    }
+    uint16_t* dst = (uint16_t*)base + index;
+    for (int i = 0; i < n; i++) dst[i] = type == LP_KV_F16 ? float_to_half(in[i]) : float_to_bf16(in[i]);
+}
+
+void rms_norm(const float* x, const float* w, float eps, int n, float* out) {
+    float mean = dot(x, x, n) / (float)n;
+    float scale = 1.0f / std::sqrt(mean + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+// exp(x) as Cephes' expf: x = n ln2 + r, a degree-6 polynomial for e^r, and 2^n by exponent
+// bits. Only plain float operations with no branch, so GCC vectorises the loops that call it
+// with the same results in every build (libm's expf is scalar, and was most of attention's time).
+inline float exp_approx(float x) {
+    x = std::min(std::max(x, -87.3f), 88.3f);
+    float n = std::nearbyint(x * 1.44269504088896341f);
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, 4);
+    return y * scale;
+}
+
+inline float gelu_tanh(float x) {
+    const float c = 0.7978845608028654f;  // sqrt(2 / pi)
+    float t = 1.0f - 2.0f / (exp_approx(2.0f * c * (x + 0.044715f * x * x * x)) + 1.0f);  // tanh
+    return 0.5f * x * (1.0f + t);
+}
+
+inline float silu(float x) { return x / (1.0f + exp_approx(-x)); }
+
+// ---------------------------------------------------------------------------------------------
+// Optional wall-clock time per phase (lp_profile), to show where a step's time goes.
+
+enum Phase { P_NORM, P_QKV, P_ROPE_KV, P_ATTENTION, P_WO, P_RESIDUAL, P_GATE_UP, P_ACTIVATION, P_DOWN, P_HEAD, P_COUNT };
+bool profiling = false;
+double phase_ms[P_COUNT] = {0};
+
+struct PhaseTimer {
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    void lap(Phase phase) {
+        if (!profiling) return;
+        auto now = std::chrono::steady_clock::now();
+        phase_ms[phase] += std::chrono::duration<double, std::milli>(now - start).count();
+        start = now;
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+
+struct Model {
+    LpConfig cfg;
+    vector<LpLayer> layers;
+    // Scratch, grown as needed (one forward at a time: the engine thread).
+    vector<float> h, x, qkv, attn, out, gate_up, act, logits_in;
+    vector<uint8_t> acts;
+    vector<vector<float>> thread_scratch;
+};
+
+template <class T>
+T* grow(vector<T>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+    return v.data();
+}
+
+int64_t column_align(const LpLinearPart& part) { return part.dense ? 8 : lp_qweight_col_align(part.w.format); }
+
+// Quantized activations for `n_rows` rows of x (or nothing if every part is dense).
+void quantize(const float* x, int n_rows, int k, vector<uint8_t>& acts) {
+    size_t row_bytes = lp_qacts_row_bytes(k);
+    uint8_t* dst = grow(acts, row_bytes * (size_t)n_rows);
+    const int64_t rows_per_task = 8;
+    lp::parallel_for((n_rows + rows_per_task - 1) / rows_per_task, [&](int64_t task, int) {
+        int begin = (int)(task * rows_per_task), count = std::min<int>(rows_per_task, n_rows - begin);
+        lp_quantize_rows(x + (int64_t)begin * k, k, k, count, dst + row_bytes * begin);
+    });
+}
+
+void dense_columns(const LpLinearPart& part, const float* x, int n_rows, float* y, int64_t ldy, int begin, int end) {
+    int k = part.w.k;
+    for (int r = 0; r < n_rows; r++)
+        for (int c = begin; c < end; c++) y[(int64_t)r * ldy + c] = dot(x + (int64_t)r * k, part.dense + (int64_t)c * k, k);
+}
+
+// y [n_rows, lin.n_out] = x [n_rows, k] W^T (+ bias), columns split into tasks over the pool.
+void linear(const LpLinear& lin, const float* x, int n_rows, float* y, vector<uint8_t>& acts) {
+    int k = lin.parts[0].w.k;
+    bool any_packed = false;
+    for (int p = 0; p < lin.n_parts; p++) any_packed |= lin.parts[p].dense == nullptr;
+    if (any_packed) quantize(x, n_rows, k, acts);
+    // Tasks: column chunks of every part, sized so each thread gets several (load balance) and
+    // each chunk is a multiple of the kernel's column group.
+    struct Chunk { int part, begin, end, offset; };
+    vector<Chunk> chunks;
+    int threads = lp::pool_threads();
+    int offset = 0;
+    for (int p = 0; p < lin.n_parts; p++) {
+        const LpLinearPart& part = lin.parts[p];
+        int64_t align = column_align(part);
+        int64_t target = std::max<int64_t>(align, (int64_t)part.w.n * lin.n_parts / (threads * 8 * lin.n_parts));
+        int64_t step = (target + align - 1) / align * align;
+        for (int64_t c = 0; c < part.w.n; c += step)
+            chunks.push_back({p, (int)c, (int)std::min<int64_t>(c + step, part.w.n), offset});
+        offset += part.w.n;
+    }
+    const int64_t ldy = lin.n_out;
+    lp::parallel_for((int64_t)chunks.size(), [&](int64_t task, int) {
+        const Chunk& ch = chunks[task];
+        const LpLinearPart& part = lin.parts[ch.part];
+        float* yp = y + ch.offset;
+        if (part.dense)
+            dense_columns(part, x, n_rows, yp, ldy, ch.begin, ch.end);
+        else
+            lp_qmatmul(&part.w, acts.data(), n_rows, yp, ldy, ch.begin, ch.end);
+        if (lin.bias)
+            for (int r = 0; r < n_rows; r++)
+                for (int c = ch.begin; c < ch.end; c++) yp[(int64_t)r * ldy + c] += lin.bias[ch.offset + c];
+    });
+}
+
+// Per-row work in tasks of a few rows.
+template <class F>
+void for_rows(int n_rows, F fn) {
+    const int64_t per_task = 4;
+    lp::parallel_for((n_rows + per_task - 1) / per_task, [&](int64_t task, int thread) {
+        int end = std::min<int>((int)(task * per_task + per_task), n_rows);
+        for (int r = (int)(task * per_task); r < end; r++) fn(r, thread);
+    });
+}
+
+void rope(float* x, const float* cos, const float* sin, int n_rot, bool neox) {
+    int half = n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
+        float a = x[ia], b = x[ib], c = cos[i], s = sin[i];
+        x[ia] = a * c - b * s;
+        x[ib] = a * s + b * c;
+    }
+}
+
+// Q/K norms, rotary embedding, and K/V into the pool, for one row.
+void prepare_row(const Model& m, const LpLayer& layer, int layer_index, const LpBatch& b, const LpKV& kv, int r, float* row) {
+    const LpConfig& c = m.cfg;
+    int dk = c.head_dim_k, dv = c.head_dim_v;
+    float* q = row;
+    float* k = row + c.n_heads * dk;
+    const float* v = k + c.n_kv_heads * dk;
+    float tmp[1024];
+    if (layer.q_norm)
+        for (int h = 0; h < c.n_heads; h++) {
+            rms_norm(q + h * dk, layer.q_norm, c.rms_eps, dk, tmp);
+            std::memcpy(q + h * dk, tmp, dk * sizeof(float));
+        }
+    if (layer.k_norm)
+        for (int h = 0; h < c.n_kv_heads; h++) {
+            rms_norm(k + h * dk, layer.k_norm, c.rms_eps, dk, tmp);
+            std::memcpy(k + h * dk, tmp, dk * sizeof(float));
+        }
+    int64_t pos = b.positions[r];
+    const float* cos = c.rope_cos[layer.rope] + pos * (c.n_rot / 2);
+    const float* sin = c.rope_sin[layer.rope] + pos * (c.n_rot / 2);
+    for (int h = 0; h < c.n_heads; h++) rope(q + h * dk, cos, sin, c.n_rot, c.rope_neox);
+    for (int h = 0; h < c.n_kv_heads; h++) rope(k + h * dk, cos, sin, c.n_rot, c.rope_neox);
+    int64_t slot = b.write_slots[r];
+    for (int h = 0; h < c.n_kv_heads; h++) {
+        store_kv(kv.k[layer_index], kv.k_type, ((int64_t)h * kv.pool_tokens + slot) * dk, dk, k + h * dk);
+        store_kv(kv.v[layer_index], kv.v_type, ((int64_t)h * kv.pool_tokens + slot) * dv, dv, v + h * dv);
+    }
+}
+
+// Attention of one row's query heads sharing KV head `g`: scores in key order, softmax, then
+// the values weighted in key order.
+void attend(const Model& m, const LpLayer& layer, int layer_index, const LpBatch& b, const LpKV& kv, int r, int g,
+            const float* row, float* out, vector<float>& scratch) {
+    const LpConfig& c = m.cfg;
+    int dk = c.head_dim_k, dv = c.head_dim_v, group = c.n_heads / c.n_kv_heads;
+    int64_t pos = b.positions[r];
+    int64_t first = layer.window > 0 ? std::max<int64_t>(0, pos - layer.window + 1) : 0;
+    int64_t n = pos + 1 - first;
+    const int64_t* slots = b.key_slots + b.key_offsets[r] + first;
+    float* scores = grow(scratch, (size_t)group * n + dk + dv);
+    float* kv_row = scores + (size_t)group * n;
+    const void* kbase = kv.k[layer_index];
+    const void* vbase = kv.v[layer_index];
+    int64_t head_k = (int64_t)g * kv.pool_tokens * dk, head_v = (int64_t)g * kv.pool_tokens * dv;
+    const float* q = row + (int64_t)g * group * dk;
+    for (int64_t j = 0; j < n; j++) {
+        load_kv(kbase, kv.k_type, head_k + slots[j] * dk, dk, kv_row);
+        for (int i = 0; i < group; i++) scores[i * n + j] = dot(q + i * dk, kv_row, dk) * c.attn_scale;
+    }
+    float inv_sum[64];
+    for (int i = 0; i < group; i++) {
+        float* s = scores + i * n;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < n; j++) mx = std::max(mx, s[j]);
+        for (int64_t j = 0; j < n; j++) s[j] = exp_approx(s[j] - mx);
+        float sum = 0.0f;
+        for (int64_t j = 0; j < n; j++) sum += s[j];
+        inv_sum[i] = 1.0f / sum;
+        std::memset(out + (int64_t)i * dv, 0, dv * sizeof(float));
+    }
+    for (int64_t j = 0; j < n; j++) {
+        load_kv(vbase, kv.v_type, head_v + slots[j] * dv, dv, kv_row);
+        for (int i = 0; i < group; i++) axpy(scores[i * n + j], kv_row, out + (int64_t)i * dv, dv);
+    }
+    for (int i = 0; i < group; i++)
+        for (int d = 0; d < dv; d++) out[(int64_t)i * dv + d] *= inv_sum[i];
+}
+
+void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv) {
+    const LpConfig& c = m.cfg;
+    const LpLayer& layer = m.layers[li];
+    int T = b.n_rows, E = c.n_embd, F = c.n_ff;
+    int n_qkv = layer.qkv.n_out, n_attn = c.n_heads * c.head_dim_v;
+    float *h = m.h.data(), *x = m.x.data();
+    float* qkv = grow(m.qkv, (size_t)T * n_qkv);
+    float* attn = grow(m.attn, (size_t)T * n_attn);
+    float* out = grow(m.out, (size_t)T * E);
+
+    PhaseTimer timer;
+    for_rows(T, [&](int r, int) { rms_norm(h + (int64_t)r * E, layer.attn_norm, c.rms_eps, E, x + (int64_t)r * E); });
+    timer.lap(P_NORM);
+    linear(layer.qkv, x, T, qkv, m.acts);
+    timer.lap(P_QKV);
+    for_rows(T, [&](int r, int) { prepare_row(m, layer, li, b, kv, r, qkv + (int64_t)r * n_qkv); });
+    timer.lap(P_ROPE_KV);
+    int group = c.n_heads / c.n_kv_heads;
+    if ((int)m.thread_scratch.size() < lp::pool_threads()) m.thread_scratch.resize(lp::pool_threads());
+    lp::parallel_for((int64_t)T * c.n_kv_heads, [&](int64_t task, int thread) {
+        int r = (int)(task / c.n_kv_heads), g = (int)(task % c.n_kv_heads);
+        attend(m, layer, li, b, kv, r, g, qkv + (int64_t)r * n_qkv,
+               attn + (int64_t)r * n_attn + (int64_t)g * group * c.head_dim_v, m.thread_scratch[thread]);
+    });
+    timer.lap(P_ATTENTION);
+    linear(layer.wo, attn, T, out, m.acts);
+    timer.lap(P_WO);
+    for_rows(T, [&](int r, int) {
+        float* hr = h + (int64_t)r * E;
+        float* o = out + (int64_t)r * E;
+        if (layer.post_attn_norm) {
+            float tmp[8192];
+            rms_norm(o, layer.post_attn_norm, c.rms_eps, E, tmp);
+            for (int i = 0; i < E; i++) hr[i] += tmp[i];
+        } else {
+            for (int i = 0; i < E; i++) hr[i] += o[i];
+        }
+        rms_norm(hr, layer.ffn_norm, c.rms_eps, E, x + (int64_t)r * E);
+    });
+    timer.lap(P_RESIDUAL);
+    float* gu = grow(m.gate_up, (size_t)T * 2 * F);
+    float* act = grow(m.act, (size_t)T * F);
+    linear(layer.gate_up, x, T, gu, m.acts);
+    timer.lap(P_GATE_UP);
+    for_rows(T, [&](int r, int) {
+        const float* g = gu + (int64_t)r * 2 * F;
+        float* a = act + (int64_t)r * F;
+        if (c.activation == LP_ACT_GELU_TANH)
+            for (int i = 0; i < F; i++) a[i] = gelu_tanh(g[i]) * g[F + i];
+        else
+            for (int i = 0; i < F; i++) a[i] = silu(g[i]) * g[F + i];
+    });
+    timer.lap(P_ACTIVATION);
+    linear(layer.down, act, T, out, m.acts);
+    timer.lap(P_DOWN);
+    for_rows(T, [&](int r, int) {
+        float* hr = h + (int64_t)r * E;
+        float* o = out + (int64_t)r * E;
+        if (layer.post_ffn_norm) {
+            float tmp[8192];
+            rms_norm(o, layer.post_ffn_norm, c.rms_eps, E, tmp);
+            for (int i = 0; i < E; i++) hr[i] += tmp[i];
+        } else {
+            for (int i = 0; i < E; i++) hr[i] += o[i];
+        }
+    });
+    timer.lap(P_RESIDUAL);
+}
+
+}  // namespace
+
+extern "C" {
+
+void* lp_model_new(const LpConfig* config, const LpLayer* layers) {
+    Model* m = new Model();
+    m->cfg = *config;
+    m->layers.assign(layers, layers + config->n_layers);
+    return m;
+}
+
+void lp_model_free(void* model) { delete (Model*)model; }
+
+int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* logits) {
+    Model& m = *(Model*)model;
+    const LpConfig& c = m.cfg;
+    const LpBatch& b = *batch;
+    int T = b.n_rows, E = c.n_embd;
+    if (E > 8192 || c.head_dim_k > 1024 || c.head_dim_v > 1024 || c.n_heads / c.n_kv_heads > 64) return 1;
+    float* h = grow(m.h, (size_t)T * E);
+    grow(m.x, (size_t)T * E);
+    for_rows(T, [&](int r, int) {
+        for (int i = 0; i < E; i++) h[(int64_t)r * E + i] = b.embeddings[(int64_t)r * E + i] * c.embd_scale;
+    });
+    for (int li = 0; li < c.n_layers; li++) layer_forward(m, li, b, *kv);
+    PhaseTimer timer;
+    float* normed = grow(m.logits_in, (size_t)b.n_logits * E);
+    for_rows(b.n_logits, [&](int i, int) { rms_norm(h + b.logit_rows[i] * E, c.output_norm, c.rms_eps, E, normed + (int64_t)i * E); });
+    linear(c.head, normed, b.n_logits, logits, m.acts);
+    if (c.final_softcap > 0.0f)
+        for_rows(b.n_logits, [&](int i, int) {
+            float* row = logits + (int64_t)i * c.vocab;
+            for (int j = 0; j < c.vocab; j++) row[j] = std::tanh(row[j] / c.final_softcap) * c.final_softcap;
+        });
+    timer.lap(P_HEAD);
+    return 0;
+}
+
+int32_t lp_profile(int32_t enable, double* out) {
+    for (int i = 0; i < P_COUNT; i++) {
+        if (out) out[i] = phase_ms[i];
+        phase_ms[i] = 0;
+    }
+    profiling = enable != 0;
+    return P_COUNT;
+}
+
+void lp_linear(const LpLinear* lin, const float* x, int32_t n_rows, float* y) {
+    thread_local vector<uint8_t> acts;
+    linear(*lin, x, n_rows, y, acts);
+}
+
+void lp_set_threads(int32_t n) { lp::pool_set_threads(n); }
+
+int32_t lp_get_threads(void) { return lp::pool_threads(); }
+}

@@ -1,0 +1,86 @@
+// The native forward pass: a whole decoder-only transformer step in one call.
+//
+// Every row (token) of a step is computed independently of the others and in the same order,
+// whatever the batch: decode tokens and prompt tokens go through the same code, so a request's
+// results never depend on what shares its step, on chunk boundaries, or on whether its prefix
+// was cached (the project's reproducibility rule).
+#pragma once
+#include <stdint.h>
+
+#include "qmatmul.h"
+
+extern "C" {
+
+// One weight of a linear layer: packed (w.format != 0) or dense float32 [w.n, w.k] (`dense`).
+typedef struct LpLinearPart {
+    lp_qweight w;
+    const float* dense;
+} LpLinearPart;
+
+// Up to three weights reading the same input, their outputs side by side (fused Q/K/V, gate/up).
+typedef struct LpLinear {
+    int32_t n_parts;
+    int32_t n_out;  // sum of the parts' n
+    LpLinearPart parts[3];
+    const float* bias;  // [n_out] or null
+} LpLinear;
+
+typedef struct LpLayer {
+    LpLinear qkv;      // outputs: Q (n_heads * head_dim_k) | K (n_kv_heads * head_dim_k) | V
+    LpLinear wo;
+    LpLinear gate_up;  // outputs: gate (n_ff) | up (n_ff)
+    LpLinear down;
+    const float* attn_norm;
+    const float* ffn_norm;
+    const float* q_norm;          // per-head RMS norm weights [head_dim_k], or null
+    const float* k_norm;
+    const float* post_attn_norm;  // or null
+    const float* post_ffn_norm;   // or null
+    int32_t rope;                 // which rope table (0 or 1)
+    int32_t window;               // sliding window in tokens, 0 = none
+} LpLayer;
+
+enum { LP_ACT_SILU = 0, LP_ACT_GELU_TANH = 1 };
+enum { LP_KV_F32 = 0, LP_KV_F16 = 1, LP_KV_BF16 = 2 };
+
+typedef struct LpConfig {
+    int32_t n_layers, n_embd, n_heads, n_kv_heads, head_dim_k, head_dim_v, n_ff, vocab;
+    int32_t n_rot, rope_neox, activation, rope_max_pos;
+    float rms_eps, attn_scale, embd_scale, final_softcap;
+    const float* rope_cos[2];  // [rope_max_pos, n_rot / 2]
+    const float* rope_sin[2];
+    const float* output_norm;
+    LpLinear head;
+} LpConfig;
+
+typedef struct LpBatch {
+    int32_t n_rows;
+    int32_t n_logits;
+    const float* embeddings;      // [n_rows, n_embd], before the model's embedding scale
+    const int64_t* positions;     // [n_rows]
+    const int64_t* write_slots;   // [n_rows] pool index of each row's K/V
+    const int64_t* key_offsets;   // [n_rows] where the row's key slots start in key_slots
+    const int64_t* key_slots;     // pool index of key position p of row r: key_slots[key_offsets[r] + p]
+    const int64_t* logit_rows;    // [n_logits]
+} LpBatch;
+
+typedef struct LpKV {
+    int32_t k_type, v_type;  // LP_KV_*
+    int64_t pool_tokens;     // per layer: [n_kv_heads, pool_tokens, head_dim]
+    void* const* k;          // [n_layers]
+    void* const* v;
+} LpKV;
+
+void* lp_model_new(const LpConfig* config, const LpLayer* layers);
+void lp_model_free(void* model);
+// Logits [n_logits, vocab] for the batch's logit rows; K/V of every row written to the pool.
+int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* logits);
+// y [n_rows, lin->n_out] = x [n_rows, k] through one (possibly fused) linear, on the pool.
+void lp_linear(const LpLinear* lin, const float* x, int32_t n_rows, float* y);
+// Start (enable != 0) or stop timing the forward's phases; writes the ms accumulated so far per
+// phase into out (if not null: norm, qkv, rope_kv, attention, wo, residual, gate_up, activation,
+// down, head) and resets them. Returns the number of phases.
+int32_t lp_profile(int32_t enable, double* out);
+void lp_set_threads(int32_t n);
+int32_t lp_get_threads(void);
+}

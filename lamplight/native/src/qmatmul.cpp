@@ -1,0 +1,476 @@
+// Low-bit weight x 8-bit activation matmul: see qmatmul.h for the packed layouts.
+//
+// Every output element y[r, c] is computed in the same fixed order on every build:
+//   acc = 0
+//   for each weight block b in k order:
+//       isum = exact integer dot product of the block's weight q and activation q
+//       acc  = fmaf(wscale[c, b] * xd[r, b], (float)isum, acc)
+//       acc  = fmaf(wmin[c, b], xs[r, b], acc)          (formats with mins only)
+// where xd is the activation block's scale and xs = xd * (float)(sum of its q). The SIMD paths
+// vectorise across the 16 columns of a group (never across the blocks of one column), so their
+// float operations are the scalar ones lane by lane and the builds agree bit for bit; the
+// integer sums are exact whatever the instruction sequence. A row's result depends only on
+// that row and that column, never on the row tiling or the column split.
+#include "qmatmul.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define LP_ISA_AVX512VNNI 1
+#include <immintrin.h>
+#elif defined(__AVX2__)
+#define LP_ISA_AVX2 1
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int kActBlock = 32;
+constexpr int kGroup = LP_COL_GROUP;
+
+// -- activations -------------------------------------------------------------------------------
+// One quantized row of width k (nb = k / 32 blocks), every array 4-byte aligned:
+//   q   int8[k]     round-half-even(x * 127 / amax) per block of 32
+//   qu  uint8[k]    q + 128 (the unsigned operand of vpdpbusd against signed weights)
+//   d   float[nb]   amax / 127
+//   s   float[nb]   d * (float)sum(q of the block)      (min term of 32-blocks)
+//   s16 float[2nb]  d * (float)sum(q of each half)      (min term of 16-blocks)
+//   sum int32[nb]   sum(q of the block)                 (LP_FLAG_ZERO8's -8 * sum)
+struct ActsRow {
+    const int8_t* q;
+    const uint8_t* qu;
+    const float* d;
+    const float* s;
+    const float* s16;
+    const int32_t* sum;
+};
+
+size_t acts_used_bytes(int k) { return 2 * size_t(k) + size_t(k / kActBlock) * 4 * (1 + 1 + 2 + 1); }
+
+size_t acts_bytes(int k) { return (acts_used_bytes(k) + 63) / 64 * 64; }
+
+ActsRow acts_row(const uint8_t* base, int k) {
+    const int nb = k / kActBlock;
+    const float* d = reinterpret_cast<const float*>(base + 2 * size_t(k));
+    return {reinterpret_cast<const int8_t*>(base), base + k, d, d + nb, d + 2 * nb,
+            reinterpret_cast<const int32_t*>(d + 4 * nb)};
+}
+
+// Blocks whose amax is below this are stored as zeros: 127 / amax would overflow, and values
+// this small cannot matter next to the float32 sums they join.
+constexpr float kTinyAmax = 1e-30f;
+
+// Per block of 32: amax = max |x| (exact in any order), d = amax / 127, and
+// q = round-half-even(x * (127 / amax)): IEEE operations every build performs alike, the SIMD
+// ones lane by lane. block_amax returns false for a block holding an inf or a NaN.
+#if defined(LP_ISA_AVX512VNNI)
+
+bool block_amax(const float* x, float* amax) {
+    const __m512 a0 = _mm512_abs_ps(_mm512_loadu_ps(x)), a1 = _mm512_abs_ps(_mm512_loadu_ps(x + 16));
+    const __m512 big = _mm512_set1_ps(FLT_MAX);
+    *amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+    return (_mm512_cmp_ps_mask(a0, big, _CMP_LE_OQ) & _mm512_cmp_ps_mask(a1, big, _CMP_LE_OQ)) == 0xFFFF;
+}
+
+void round_block(const float* x, float id, int8_t* q, uint8_t* qu, int32_t (&half)[2]) {
+    for (int h = 0; h < 2; ++h) {
+        const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16 * h), _mm512_set1_ps(id)));
+        const __m128i bytes = _mm512_cvtsepi32_epi8(v);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), bytes);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qu + 16 * h), _mm_xor_si128(bytes, _mm_set1_epi8(char(0x80))));
+        half[h] = _mm512_reduce_add_epi32(v);
+    }
+}
+
+#elif defined(LP_ISA_AVX2)
+
+inline float hmax(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+inline int32_t hsum(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
+bool block_amax(const float* x, float* amax) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(FLT_MAX);
+    __m256 m = _mm256_setzero_ps(), ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    for (int i = 0; i < 32; i += 8) {
+        const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i));
+        m = _mm256_max_ps(m, a);
+        ok = _mm256_and_ps(ok, _mm256_cmp_ps(a, big, _CMP_LE_OQ));
+    }
+    *amax = hmax(m);
+    return _mm256_movemask_ps(ok) == 0xFF;
+}
+
+void round_block(const float* x, float id, int8_t* q, uint8_t* qu, int32_t (&half)[2]) {
+    const __m256 scale = _mm256_set1_ps(id);
+    __m256i v[4];
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), scale));
+    half[0] = hsum(_mm256_add_epi32(v[0], v[1]));
+    half[1] = hsum(_mm256_add_epi32(v[2], v[3]));
+    // The packs work within 128-bit lanes; the permutation puts the 32 values back in order.
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    const __m256i bytes = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), bytes);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qu), _mm256_xor_si256(bytes, _mm256_set1_epi8(char(0x80))));
+}
+
+#else
+
+bool block_amax(const float* x, float* amax) {
+    bool finite = true;
+    float m = 0.0f;
+    for (int i = 0; i < kActBlock; ++i) {
+        const float a = std::fabs(x[i]);
+        finite = finite && a <= FLT_MAX;  // false for inf and NaN
+        m = a > m ? a : m;
+    }
+    *amax = m;
+    return finite;
+}
+
+void round_block(const float* x, float id, int8_t* q, uint8_t* qu, int32_t (&half)[2]) {
+    for (int i = 0; i < kActBlock; ++i) {
+        const int v = int(std::lrint(x[i] * id));  // |v| <= 127; half to even (the default rounding)
+        q[i] = int8_t(v);
+        qu[i] = uint8_t(v + 128);
+        half[i / 16] += v;
+    }
+}
+
+#endif
+
+void quantize_row(const float* x, int k, uint8_t* out) {
+    const int nb = k / kActBlock;
+    int8_t* q = reinterpret_cast<int8_t*>(out);
+    uint8_t* qu = out + k;
+    float* d = reinterpret_cast<float*>(out + 2 * size_t(k));
+    float* s = d + nb;
+    float* s16 = d + 2 * nb;
+    int32_t* sum = reinterpret_cast<int32_t*>(d + 4 * nb);
+    for (int b = 0; b < nb; ++b) {
+        const float* xb = x + b * kActBlock;
+        int8_t* qb = q + b * kActBlock;
+        uint8_t* qub = qu + b * kActBlock;
+        int32_t half[2] = {0, 0};
+        float amax;
+        if (block_amax(xb, &amax)) {
+            const bool tiny = amax < kTinyAmax;
+            d[b] = tiny ? 0.0f : amax / 127.0f;
+            round_block(xb, tiny ? 0.0f : 127.0f / amax, qb, qub, half);
+        } else {
+            d[b] = NAN;  // the block's outputs become NaN, as a float matmul's would
+            std::memset(qb, 0, kActBlock);
+            std::memset(qub, 128, kActBlock);
+        }
+        sum[b] = half[0] + half[1];
+        s[b] = d[b] * float(sum[b]);
+        s16[2 * b] = d[b] * float(half[0]);
+        s16[2 * b + 1] = d[b] * float(half[1]);
+    }
+    std::memset(out + acts_used_bytes(k), 0, acts_bytes(k) - acts_used_bytes(k));  // deterministic padding
+}
+
+// -- weight formats ----------------------------------------------------------------------------
+template <int FMT> struct Fmt;
+template <> struct Fmt<LP_W4> { static constexpr int block = 32, qbytes = 256; };
+template <> struct Fmt<LP_W8> { static constexpr int block = 16, qbytes = 256; };
+template <> struct Fmt<LP_W8_32> { static constexpr int block = 32, qbytes = 512; };
+
+template <int FMT, bool MIN> constexpr int record_bytes() { return Fmt<FMT>::qbytes + 64 + (MIN ? 64 : 0); }
+
+// The activation term multiplying a block's min: xs of its 32-block or of its 16-half.
+template <int FMT> inline float min_term(const ActsRow& a, int b) { return Fmt<FMT>::block == 32 ? a.s[b] : a.s16[b]; }
+
+inline const float* scales_of(const uint8_t* rec, int qbytes) { return reinterpret_cast<const float*>(rec + qbytes); }
+
+inline int32_t load_i32(const void* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+// -- tiles: R rows x one group of 16 columns, the whole of k ----------------------------------
+// tile<FMT, MIN, ZERO8, R>(grp, nblk, a, dst) writes dst[r][0..16) for r < R.
+
+#if defined(LP_ISA_AVX512VNNI)
+
+constexpr int kRowTile = 8;
+const char* const kIsa = "avx512vnni";
+
+// The block's exact integer sums for 16 columns, one int32 lane each.
+template <int FMT, bool ZERO8, int R>
+inline void block_sums(const uint8_t* rec, const ActsRow* a, int kb, int b, __m512i (&isum)[R]) {
+    if constexpr (FMT == LP_W4) {
+        // Unsigned nibbles against signed activations: vpdpbusd's operand order as is.
+        // Under 4 rows a second accumulator per row halves the dependency chains.
+        constexpr int C = R < 4 ? 2 : 1;
+        const __m512i mask = _mm512_set1_epi8(0x0F);
+        __m512i hi_sum[R];
+        for (int r = 0; r < R; ++r) {
+            isum[r] = ZERO8 ? _mm512_set1_epi32(-8 * a[r].sum[b]) : _mm512_setzero_si512();
+            hi_sum[r] = _mm512_setzero_si512();
+        }
+        for (int t = 0; t < 4; ++t) {
+            const __m512i w = _mm512_load_si512(rec + 64 * t);
+            const __m512i lo = _mm512_and_si512(w, mask);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);
+            for (int r = 0; r < R; ++r) {
+                const int8_t* x = a[r].q + kb + 4 * t;
+                isum[r] = _mm512_dpbusd_epi32(isum[r], lo, _mm512_set1_epi32(load_i32(x)));
+                __m512i& second = C == 2 ? hi_sum[r] : isum[r];
+                second = _mm512_dpbusd_epi32(second, hi, _mm512_set1_epi32(load_i32(x + 16)));
+            }
+        }
+        if constexpr (C == 2)
+            for (int r = 0; r < R; ++r) isum[r] = _mm512_add_epi32(isum[r], hi_sum[r]);
+    } else {
+        // Signed weights: (x + 128) . w - 128 * sum(w), with the correction shared by the rows.
+        const __m512i bias = _mm512_set1_epi8(char(0x80));
+        __m512i corr = _mm512_setzero_si512();
+        for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+        for (int t = 0; t < Fmt<FMT>::block / 4; ++t) {
+            const __m512i w = _mm512_load_si512(rec + 64 * t);
+            corr = _mm512_dpbusd_epi32(corr, bias, w);
+            for (int r = 0; r < R; ++r)
+                isum[r] = _mm512_dpbusd_epi32(isum[r], _mm512_set1_epi32(load_i32(a[r].qu + kb + 4 * t)), w);
+        }
+        for (int r = 0; r < R; ++r) isum[r] = _mm512_sub_epi32(isum[r], corr);
+    }
+}
+
+template <int FMT, bool MIN, bool ZERO8, int R>
+void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst) {
+    constexpr int block = Fmt<FMT>::block, qbytes = Fmt<FMT>::qbytes;
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nblk; ++b, grp += record_bytes<FMT, MIN>()) {
+        const int kb = b * block;
+        __m512i isum[R];
+        block_sums<FMT, ZERO8, R>(grp, a, kb, b, isum);
+        const __m512 scale = _mm512_load_ps(scales_of(grp, qbytes));
+        for (int r = 0; r < R; ++r) {
+            const __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(a[r].d[kb / kActBlock]));
+            acc[r] = _mm512_fmadd_ps(sd, _mm512_cvtepi32_ps(isum[r]), acc[r]);
+        }
+        if constexpr (MIN) {
+            const __m512 mins = _mm512_load_ps(scales_of(grp, qbytes) + kGroup);
+            for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(min_term<FMT>(a[r], b)), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(dst[r], acc[r]);
+}
+
+#elif defined(LP_ISA_AVX2)
+
+// Two rows per tile: with four, GCC keeps every maddubs result live at once and spills them
+// (measured 35-60 GMAC/s against 65-70 with two on an Ice Lake core).
+constexpr int kRowTile = 2;
+const char* const kIsa = "avx2";
+
+// The block's exact integer sums for the 8 columns of half h of the group, one int32 lane each.
+template <int FMT, bool ZERO8, int R>
+inline void block_sums(const uint8_t* rec, int h, const ActsRow* a, int kb, int b, __m256i (&isum)[R]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if constexpr (FMT == LP_W4) {
+        // maddubs pairs are at most 2 * 15 * 127 and a block adds 8 of them: int16 cannot
+        // overflow, so the pairs are summed in int16 and widened once per block.
+        const __m256i mask = _mm256_set1_epi8(0x0F);
+        __m256i s16[R];
+        for (int r = 0; r < R; ++r) s16[r] = _mm256_setzero_si256();
+        for (int t = 0; t < 4; ++t) {
+            const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(rec + 64 * t + 32 * h));
+            const __m256i lo = _mm256_and_si256(w, mask);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
+            for (int r = 0; r < R; ++r) {
+                const int8_t* x = a[r].q + kb + 4 * t;
+                s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(x))));
+                s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(x + 16))));
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            isum[r] = _mm256_madd_epi16(s16[r], ones);
+            if (ZERO8) isum[r] = _mm256_add_epi32(isum[r], _mm256_set1_epi32(-8 * a[r].sum[b]));
+        }
+    } else {
+        // Signed x signed as maddubs(|w|, x * sign(w)): |w| <= 128 and |x| <= 127, so a pair
+        // is at most 32512 and never saturates (even for w = -128).
+        for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+        for (int t = 0; t < Fmt<FMT>::block / 4; ++t) {
+            const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(rec + 64 * t + 32 * h));
+            const __m256i aw = _mm256_abs_epi8(w);
+            for (int r = 0; r < R; ++r) {
+                const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(a[r].q + kb + 4 * t)), w);
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones));
+            }
+        }
+    }
+}
+
+// Half h (8 columns) of the group: 16 ymm registers hold one half's accumulators comfortably.
+template <int FMT, bool MIN, bool ZERO8, int R>
+void half_tile(const uint8_t* grp, int h, int nblk, const ActsRow* a, float* const* dst) {
+    constexpr int block = Fmt<FMT>::block, qbytes = Fmt<FMT>::qbytes;
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nblk; ++b, grp += record_bytes<FMT, MIN>()) {
+        const int kb = b * block;
+        __m256i isum[R];
+        block_sums<FMT, ZERO8, R>(grp, h, a, kb, b, isum);
+        const __m256 scale = _mm256_load_ps(scales_of(grp, qbytes) + 8 * h);
+        for (int r = 0; r < R; ++r) {
+            const __m256 sd = _mm256_mul_ps(scale, _mm256_set1_ps(a[r].d[kb / kActBlock]));
+            acc[r] = _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(isum[r]), acc[r]);
+        }
+        if constexpr (MIN) {
+            const __m256 mins = _mm256_load_ps(scales_of(grp, qbytes) + kGroup + 8 * h);
+            for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(mins, _mm256_set1_ps(min_term<FMT>(a[r], b)), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(dst[r] + 8 * h, acc[r]);
+}
+
+template <int FMT, bool MIN, bool ZERO8, int R>
+void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst) {
+    half_tile<FMT, MIN, ZERO8, R>(grp, 0, nblk, a, dst);
+    half_tile<FMT, MIN, ZERO8, R>(grp, 1, nblk, a, dst);
+}
+
+#else
+
+constexpr int kRowTile = 1;
+const char* const kIsa = "generic";
+
+// The weight q of column c at offset j < block inside a record.
+template <int FMT> inline int weight_q(const uint8_t* rec, int c, int j) {
+    if constexpr (FMT == LP_W4) {
+        const int quad = j / 4 % 4, i = j % 4;
+        const uint8_t byte = rec[64 * quad + 4 * c + i];
+        return j < 16 ? byte & 0x0F : byte >> 4;
+    } else {
+        return int8_t(rec[64 * (j / 4) + 4 * c + j % 4]);
+    }
+}
+
+template <int FMT, bool MIN, bool ZERO8, int R>
+void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst) {
+    constexpr int block = Fmt<FMT>::block, qbytes = Fmt<FMT>::qbytes;
+    static_assert(R == 1, "the generic path works row by row");
+    float acc[kGroup] = {};
+    for (int b = 0; b < nblk; ++b, grp += record_bytes<FMT, MIN>()) {
+        const int kb = b * block;
+        const float* scale = scales_of(grp, qbytes);
+        const float xd = a->d[kb / kActBlock];
+        for (int c = 0; c < kGroup; ++c) {
+            int32_t isum = ZERO8 ? -8 * a->sum[b] : 0;
+            for (int j = 0; j < block; ++j) isum += weight_q<FMT>(grp, c, j) * a->q[kb + j];
+            acc[c] = std::fma(scale[c] * xd, float(isum), acc[c]);
+            if (MIN) acc[c] = std::fma(scale[kGroup + c], min_term<FMT>(*a, b), acc[c]);
+        }
+    }
+    std::memcpy(dst[0], acc, sizeof acc);
+}
+
+#endif
+
+// -- driver ------------------------------------------------------------------------------------
+// Activations of one row block: well inside a core's L2 (1-2 MiB on the project's machines).
+constexpr size_t kRowBlockBytes = 256 * 1024;
+
+using GroupFn = void (*)(const uint8_t* grp, int nblk, const ActsRow* a, int n_rows, float* const* dst);
+
+// One group of columns for n_rows <= R rows (R = kRowTile, then down to 1).
+template <int FMT, bool MIN, bool ZERO8, int R = kRowTile>
+void group_rows(const uint8_t* grp, int nblk, const ActsRow* a, int n_rows, float* const* dst) {
+    if (n_rows == R) {
+        tile<FMT, MIN, ZERO8, R>(grp, nblk, a, dst);
+    } else if constexpr (R > 1) {
+        group_rows<FMT, MIN, ZERO8, R - 1>(grp, nblk, a, n_rows, dst);
+    }
+}
+
+GroupFn group_fn(int format, int32_t flags) {
+    const bool min = flags & LP_FLAG_MIN, zero8 = flags & LP_FLAG_ZERO8;
+    switch (format) {
+        case LP_W4:
+            if (zero8) return min ? group_rows<LP_W4, true, true> : group_rows<LP_W4, false, true>;
+            return min ? group_rows<LP_W4, true, false> : group_rows<LP_W4, false, false>;
+        case LP_W8: return min ? group_rows<LP_W8, true, false> : group_rows<LP_W8, false, false>;
+        case LP_W8_32: return min ? group_rows<LP_W8_32, true, false> : group_rows<LP_W8_32, false, false>;
+        default: return nullptr;
+    }
+}
+
+size_t group_bytes(int format, int32_t flags, int k) {
+    const int extra = 64 + ((flags & LP_FLAG_MIN) ? 64 : 0);
+    switch (format) {
+        case LP_W4: return size_t(k / 32) * (256 + extra);
+        case LP_W8: return size_t(k / 16) * (256 + extra);
+        case LP_W8_32: return size_t(k / 32) * (512 + extra);
+        default: return 0;
+    }
+}
+
+// Rows [r_begin, r_end) of one group of columns, in row tiles.
+void run_group(GroupFn fn, const uint8_t* grp, int nblk, const uint8_t* acts, size_t row_bytes, int k,
+               int32_t r_begin, int32_t r_end, float* y, int64_t ldy, int32_t c0, int cols) {
+    for (int32_t r0 = r_begin; r0 < r_end; r0 += kRowTile) {
+        const int rows = std::min(kRowTile, r_end - r0);
+        ActsRow a[kRowTile];
+        float partial[kRowTile][kGroup];  // a last group narrower than 16 columns
+        float* dst[kRowTile];
+        for (int r = 0; r < rows; ++r) {
+            a[r] = acts_row(acts + size_t(r0 + r) * row_bytes, k);
+            dst[r] = cols == kGroup ? y + (r0 + r) * ldy + c0 : partial[r];
+        }
+        fn(grp, nblk, a, rows, dst);
+        if (cols < kGroup)
+            for (int r = 0; r < rows; ++r) std::memcpy(y + (r0 + r) * ldy + c0, partial[r], cols * sizeof(float));
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+size_t lp_qacts_row_bytes(int32_t k) { return acts_bytes(k); }
+
+void lp_quantize_rows(const float* x, int64_t ldx, int32_t k, int32_t n_rows, uint8_t* acts) {
+    const size_t row_bytes = acts_bytes(k);
+    for (int32_t r = 0; r < n_rows; ++r) quantize_row(x + r * ldx, k, acts + r * row_bytes);
+}
+
+void lp_qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y, int64_t ldy,
+                int32_t col_begin, int32_t col_end) {
+    const int32_t flags = load_i32(w->data + LP_HEADER_FLAGS_OFFSET);
+    const GroupFn fn = group_fn(w->format, flags);
+    if (fn == nullptr) return;
+    const size_t stride = group_bytes(w->format, flags, w->k);
+    const int nblk = w->k / (w->format == LP_W8 ? 16 : 32);
+    const size_t row_bytes = acts_bytes(w->k);
+    col_end = std::min(col_end, w->n);
+    // Row blocks outer, then columns, then row tiles: a group's weights stay in L1 while the
+    // block's row tiles read them, and a block's activations stay in L2 across the groups.
+    const int32_t row_block = std::max<int32_t>(kRowTile, int32_t(kRowBlockBytes / row_bytes) / kRowTile * kRowTile);
+    for (int32_t rb = 0; rb < n_rows; rb += row_block) {
+        const int32_t rb_end = std::min(n_rows, rb + row_block);
+        for (int32_t c0 = col_begin; c0 < col_end; c0 += kGroup)
+            run_group(fn, w->data + LP_HEADER_BYTES + size_t(c0 / kGroup) * stride, nblk, acts, row_bytes, w->k,
+                      rb, rb_end, y, ldy, c0, std::min(kGroup, col_end - c0));
+    }
+}
+
+int32_t lp_qweight_col_align(int32_t) { return kGroup; }
+
+const char* lp_isa(void) { return kIsa; }
+
+}  // extern "C"

@@ -1,0 +1,58 @@
+/* Low-bit weight x 8-bit activation matrix multiplication (llama.cpp style, batch-invariant).
+
+Activations are quantized per block of 32 to int8 with a float scale; each weight block's dot
+product with them is an exact integer sum, and the float scales are applied after it, in one
+fixed order per output element (see qmatmul.cpp), so every build (generic, avx2, avx512vnni)
+gives bit-identical results, and a row's result never depends on the other rows or columns.
+
+Packed weights (written by lamplight/native/pack.py; one layout for every build):
+  a 64-byte header (LP_HEADER_BYTES), then the columns in groups of LP_COL_GROUP = 16 (the last
+  group padded with zero columns), each group a run of block records in k order:
+    [quants][16 float32 scales][16 float32 mins, only with LP_FLAG_MIN]
+  The quants of one record hold, for each quad of 4 consecutive k, a 64-byte chunk with the 16
+  columns' 4 values each (byte 4*c + i = column c, k = 4*quad + i): a chunk against 4 activation
+  bytes broadcast gives the 16 columns' partial sums in 16 int32 lanes (vpdpbusd / maddubs).
+  LP_W4    block 32, 4-bit q in 0..15; 256 bytes: chunk t (t < 4) holds quad t in its low nibbles
+           and quad t + 4 in its high nibbles. w = scale * (q - 8 * zero8) + min.
+  LP_W8    block 16, int8 q; 256 bytes (4 chunks). w = scale * q (+ min).
+  LP_W8_32 block 32, int8 q; 512 bytes (8 chunks). w = scale * q (+ min).
+The header's int32 at LP_HEADER_FLAGS_OFFSET holds the flags (LP_FLAG_MIN, LP_FLAG_ZERO8). */
+#ifndef LAMPLIGHT_QMATMUL_H
+#define LAMPLIGHT_QMATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { LP_W4 = 1, LP_W8 = 2, LP_W8_32 = 3 };
+enum { LP_FLAG_MIN = 1, LP_FLAG_ZERO8 = 2 };
+enum { LP_HEADER_BYTES = 64, LP_HEADER_FLAGS_OFFSET = 16, LP_COL_GROUP = 16 };
+
+typedef struct lp_qweight {
+    int32_t format;  /* LP_W4, LP_W8 or LP_W8_32 */
+    int32_t n;       /* output features (columns of y) */
+    int32_t k;       /* input features, a multiple of 32 */
+    int32_t reserved;
+    const uint8_t* data; /* packed by lamplight/native/pack.py, 64-byte aligned */
+} lp_qweight;
+
+/* Bytes of one quantized activation row of width k (a multiple of 64). */
+size_t lp_qacts_row_bytes(int32_t k);
+/* Quantize n_rows rows of x (row stride ldx floats) into acts (rows at stride lp_qacts_row_bytes(k)). */
+void lp_quantize_rows(const float* x, int64_t ldx, int32_t k, int32_t n_rows, uint8_t* acts);
+/* y[r*ldy + c] = sum_i x[r,i] w[c,i] for r < n_rows and col_begin <= c < col_end (other columns untouched). */
+void lp_qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y, int64_t ldy,
+                int32_t col_begin, int32_t col_end);
+/* col_begin must be a multiple of this (col_end too, unless it is n). */
+int32_t lp_qweight_col_align(int32_t format);
+/* "avx512vnni", "avx2" or "generic": the code path this build runs. */
+const char* lp_isa(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,204 @@
+"""The native forward pass (lamplight/native): fidelity to the PyTorch path, the reproducibility
+rule (a row's bits never depend on what shares its step, chunking, or a cached prefix), every
+instruction-set build, and the fallback to PyTorch's kernels without a compiler."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from tiny_gguf import write_tiny_gemma3, write_tiny_llama
+
+from lamplight.engine.kv_cache import BlockTable, KVCache
+from lamplight.gguf.file import GGUFFile
+from lamplight.models import load_model
+from lamplight.models.batch import SequenceChunk, build_forward_batch
+from lamplight.native import build, runtime
+from lamplight.native.runner import NativeModel
+
+VARIANTS = build.runnable_variants()
+
+
+def _native(model, variant: str | None = None, packed: bool = True) -> NativeModel:
+    lib = runtime.load_variant(variant or VARIANTS[0])
+    return NativeModel(model, lib, packed=packed)
+
+
+@pytest.fixture(scope="module", params=["llama-q4_1", "llama-q8_0", "llama-q4_0", "gemma3"])
+def tiny(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("native") / f"{request.param}.gguf"
+    if request.param == "gemma3":
+        write_tiny_gemma3(path)
+    else:
+        write_tiny_llama(path, qtype=Q[request.param.split("-")[1].upper()], n_embd=128)
+    return load_model(GGUFFile(path))
+
+
+def _cache(model, dtype=torch.float32, blocks: int = 64, block_size: int = 8) -> KVCache:
+    return KVCache(model.config.kv_layout, num_blocks=blocks, block_size=block_size, dtype=dtype)
+
+
+def _run(forward, steps, cache: KVCache) -> list[torch.Tensor]:
+    """Run steps (each a list of (table, tokens, start)) with all logits; logits per chunk."""
+    outs = []
+    for step in steps:
+        chunks = []
+        for table, tokens, start in step:
+            table.fill_to(start + len(tokens))
+            chunks.append(SequenceChunk(tokens, start, table.slots(), all_logits=True))
+        logits = forward(build_forward_batch(chunks), cache)
+        row = 0
+        for _, tokens, _ in step:
+            outs.append(logits[row : row + len(tokens)])
+            row += len(tokens)
+    return outs
+
+
+def _ids(n: int, k: int = 0) -> list[int]:
+    return [(7 * i + 3 * k + 11) % 240 + 5 for i in range(n)]
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+def test_native_close_to_the_pytorch_path(tiny, kv_dtype):
+    """Dense float32 weights: the same model as PyTorch's reference path up to float rounding;
+    packed weights: within 8-bit activation rounding of it."""
+    seqs = [_ids(n, k) for k, n in enumerate([21, 5, 40])]
+    ref_cache = _cache(tiny, kv_dtype)
+    reference = _run(tiny, [[(BlockTable(ref_cache), s, 0) for s in seqs]], ref_cache)
+    # Packed: activations rounded to 8 bits per block of 32 (as llama.cpp), about 0.5% per matmul.
+    # Dense with a half-precision cache: a K/V value may round to the other neighbouring half.
+    dense_tolerance = 1e-4 if kv_dtype == torch.float32 else 1e-3
+    for packed, tolerance in ((False, dense_tolerance), (True, 0.1)):
+        native = _native(tiny, packed=packed)
+        cache = _cache(tiny, kv_dtype)
+        got = _run(native, [[(BlockTable(cache), s, 0) for s in seqs]], cache)
+        for g, r in zip(got, reference):
+            scale = r.abs().max()
+            assert (g - r).abs().max() <= tolerance * scale, (packed, (g - r).abs().max(), scale)
+            assert (g.argmax(-1) == r.argmax(-1)).float().mean() >= (1.0 if not packed else 0.8)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+def test_rows_do_not_depend_on_the_step(tiny, kv_dtype):
+    """The reproducibility rule: a sequence's logits are bit-identical whether its prompt is one
+    chunk or several, whether its prefix was cached (computed in an earlier step), and whatever
+    other sequences (prompt chunks or decode tokens) share its steps."""
+    native = _native(tiny)
+    seq = _ids(37)
+    cache = _cache(tiny, kv_dtype)
+    (whole,) = _run(native, [[(BlockTable(cache), seq, 0)]], cache)
+
+    cache = _cache(tiny, kv_dtype)
+    table = BlockTable(cache)
+    pieces = _run(native, [[(table, seq[:13], 0)], [(table, seq[13:14], 13)], [(table, seq[14:30], 14)]]
+                  + [[(table, seq[i : i + 1], i)] for i in range(30, 37)], cache)
+    assert torch.equal(torch.cat(pieces), whole)
+
+    cache = _cache(tiny, kv_dtype)
+    table, others = BlockTable(cache), [BlockTable(cache) for _ in range(3)]
+    crowded = _run(native, [
+        [(others[0], _ids(9, 1), 0), (table, seq[:20], 0), (others[1], _ids(50, 2), 0)],
+        [(others[0], _ids(1, 3), 9), (table, seq[20:36], 20), (others[2], _ids(3, 4), 0)],
+        [(others[2], _ids(1, 5), 3), (table, seq[36:], 36), (others[0], _ids(1, 6), 10)],
+    ], cache)
+    assert torch.equal(torch.cat([crowded[1], crowded[4], crowded[7]]), whole)
+
+
+def test_instruction_set_builds_agree(tiny):
+    """Every build this CPU runs computes the same bits: integer block sums are exact and every
+    float reduction runs in one order in all builds (the generic one emulates the vector order)."""
+    seq = _ids(33)
+    results = {}
+    for variant in VARIANTS:
+        cache = _cache(tiny)
+        (results[variant],) = _run(_native(tiny, variant), [[(BlockTable(cache), seq, 0)]], cache)
+    first = results[VARIANTS[0]]
+    for variant, logits in results.items():
+        assert torch.equal(logits, first), variant
+
+
+def test_native_model_serves_the_forward(tiny):
+    """`model(batch, kv)` runs the native forward once attached; LoRA or --compile leave it."""
+    tiny.native = _native(tiny)
+    try:
+        cache = _cache(tiny)
+        (via_model,) = _run(tiny, [[(BlockTable(cache), _ids(12), 0)]], cache)
+        cache = _cache(tiny)
+        (direct,) = _run(tiny.native, [[(BlockTable(cache), _ids(12), 0)]], cache)
+        assert torch.equal(via_model, direct)
+    finally:
+        tiny.native = None
+
+
+def test_without_a_compiler_lamplight_runs_on_pytorch_kernels(tmp_path):
+    """No C++ compiler and nothing cached: a warning once, then PyTorch's kernels serve."""
+    path = write_tiny_llama(tmp_path / "t.gguf", qtype=Q.Q4_1)
+    script = (
+        "import logging, lamplight, torch\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        f"m = lamplight.load({str(path)!r}, fast=True)\n"
+        "print('KERNELS', m.kernels)\n"
+        "print('NATIVE', m.model.native is not None)\n"
+        "from lamplight.models.scoring import greedy\n"
+        "print('TOKENS', greedy(m.model, [5, 6, 7], 4))\n"
+    )
+    env = dict(os.environ, PATH=str(tmp_path / "empty"), CXX="", LAMPLIGHT_NATIVE_CACHE=str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "KERNELS pytorch fast (no C++ compiler found" in out.stdout, out.stdout
+    assert "NATIVE False" in out.stdout
+    assert out.stderr.count("native kernels unavailable") == 1
+    assert "TOKENS [" in out.stdout
+
+
+def test_seeded_output_does_not_depend_on_the_cache_or_neighbours(tmp_path):
+    """A seeded request's tokens are the same from a fresh engine, alone and without its cache,
+    as from a busy engine that reuses a cached prefix of its prompt and splits it into other
+    chunks (issue: reused-prefix and fresh paths must compute every row identically)."""
+    from lamplight.engine.config import EngineConfig
+    from lamplight.engine.engine import Engine
+    from lamplight.engine.types import FinalEvent, GenerationRequest
+    from lamplight.sampling import SamplingParams
+    from lamplight.tokenizer import Tokenizer
+
+    path = write_tiny_llama(tmp_path / "t.gguf", qtype=Q.Q4_1, n_ctx=512)
+    gguf = GGUFFile(path)
+    model, tokenizer = load_model(gguf), Tokenizer.from_gguf(gguf)
+    model.native = _native(model)
+    # n_probs: the raw softmax of every step's logits comes back, so any difference in the
+    # logits' bits shows, not only one that flips a sampled token.
+    seeded = SamplingParams(temperature=1.0, seed=1234, n_probs=5)
+    prefix, rest = _ids(45, 1), _ids(30, 2)
+
+    def final(handle) -> FinalEvent:
+        return next(e for e in handle.iter_events(timeout=120) if isinstance(e, FinalEvent))
+
+    def engine(**cfg) -> Engine:
+        eng = Engine(model, tokenizer, EngineConfig(n_ctx=2048, n_parallel=4, cache_type_k="f16", cache_type_v="f16", **cfg))
+        eng.start()
+        return eng
+
+    fresh = engine()
+    try:
+        expected = final(fresh.submit(GenerationRequest(prefix + rest, seeded, n_predict=24, cache_prompt=False)))
+    finally:
+        fresh.stop()
+    busy = engine(n_ubatch=16)  # prompts in 16-token chunks, cut where the neighbours leave room
+    try:
+        final(busy.submit(GenerationRequest(prefix, seeded, n_predict=3)))  # leaves the prefix cached
+        others = [busy.submit(GenerationRequest(_ids(20 + 7 * k, 10 + k), seeded, n_predict=20)) for k in range(3)]
+        prefix_cached = final(busy.submit(GenerationRequest(prefix + rest, seeded, n_predict=24)))
+        # Now the whole prompt is cached: only its last token is evaluated, alone in its chunk.
+        all_cached = final(busy.submit(GenerationRequest(prefix + rest, seeded, n_predict=24)))
+        for handle in others:
+            final(handle)
+    finally:
+        busy.stop()
+    assert prefix_cached.n_cached >= len(prefix) - 1 and all_cached.n_cached == len(prefix + rest) - 1
+    for again in (prefix_cached, all_cached):
+        assert again.token_ids == expected.token_ids
+        assert again.probs == expected.probs and len(expected.probs) == 24

@@ -1,0 +1,209 @@
+"""The native low-bit matmul (lamplight/native/src/qmatmul.cpp) and its packing (lamplight/native/pack.py).
+
+Packing is exact (bit for bit against gguf's dequantization); y[r, c] depends only on row r and
+column c (any row count, row position or column split gives the same bits); every instruction
+set build gives the same bits; and the error of the 8-bit activations is that of llama.cpp's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as Q
+
+from lamplight.gguf.file import GGUFFile, TensorInfo
+from lamplight.gguf.quant import dequantize
+from lamplight.native import build
+from lamplight.native.pack import FORMAT_OF, SUPPORTED, W4, W8, W8_32, can_pack, dequantize_packed, pack, pack_rows
+
+pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C++ compiler")
+
+# Byte offsets of each type's fp16 scales inside a block (set to sane values in random blocks).
+FP16_OFFSETS = {
+    Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,),
+    Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q2_K: (80, 82), Q.Q3_K: (108,),
+}
+# One type per packed format and flag combination.
+FORMAT_CASES = (Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0, Q.Q5_1, Q.Q6_K, Q.Q2_K)
+
+
+def random_info(qtype, n: int, k: int, seed: int = 0) -> TensorInfo:
+    """Random GGUF blocks: random bytes, with fp16 scales of either sign around 0.01."""
+    rng = np.random.default_rng(seed)
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(n, k // block * size), dtype=np.uint8)
+    blocks = raw.reshape(-1, size)
+    for offset in FP16_OFFSETS[qtype]:
+        scales = (rng.standard_normal(blocks.shape[0]) * 0.01).astype(np.float16)
+        blocks[:, offset:offset + 2] = scales.view(np.uint8).reshape(-1, 2)
+    return TensorInfo(f"random {qtype.name}", qtype, (n, k), raw)
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    from lamplight.native.kernels import QKernels
+
+    return {variant: QKernels.load(variant) for variant in build.runnable_variants()}
+
+
+def bits(t) -> np.ndarray:
+    return np.asarray(t).view(np.uint32)
+
+
+# -- packing -------------------------------------------------------------------------------------
+
+def test_every_supported_type_has_a_format():
+    assert SUPPORTED == set(FP16_OFFSETS)
+    assert all(can_pack(t) for t in SUPPORTED) and not can_pack(Q.F32)
+
+
+@pytest.mark.parametrize("qtype", sorted(SUPPORTED, key=lambda t: t.name), ids=lambda t: t.name)
+def test_pack_is_exact_on_random_blocks(qtype):
+    info = random_info(qtype, 37, 512)  # 37 columns: a padded last group
+    packed = pack(info)
+    assert packed.format == FORMAT_OF[qtype] and packed.data.ctypes.data % 64 == 0
+    np.testing.assert_array_equal(bits(dequantize_packed(packed)), bits(dequantize(info).numpy()))
+
+
+@pytest.mark.parametrize("model, names", [
+    ("smollm2_path", ("blk.0.attn_q.weight", "blk.3.ffn_down.weight", "token_embd.weight")),
+    ("gemma3_path", ("blk.0.attn_q.weight", "blk.0.attn_output.weight", "blk.0.ffn_down.weight",
+                     "blk.0.attn_v.weight", "blk.1.attn_v.weight")),
+])
+def test_pack_is_exact_on_real_weights(model, names, request):
+    gguf = GGUFFile(request.getfixturevalue(model))
+    for name in names:
+        info = gguf.tensors[name]
+        np.testing.assert_array_equal(bits(dequantize_packed(pack(info))), bits(dequantize(info).numpy()), err_msg=name)
+
+
+def test_pack_rows_concatenates_along_n():
+    q5_0, q8_0, q6_k = (random_info(t, n, 512, seed) for seed, (t, n) in enumerate([(Q.Q5_0, 40), (Q.Q8_0, 24), (Q.Q6_K, 16)]))
+    same = pack_rows([q5_0, q8_0])
+    assert same.format == W8_32 and same.n == 64
+    mixed = pack_rows([q5_0, q8_0, q6_k])  # 32-blocks join 16-blocks exactly
+    assert mixed.format == W8 and mixed.n == 80
+    reference = torch.cat([dequantize(i) for i in (q5_0, q8_0, q6_k)]).numpy()
+    np.testing.assert_array_equal(bits(dequantize_packed(mixed)), bits(reference))
+    np.testing.assert_array_equal(bits(dequantize_packed(same)), bits(reference[:64]))
+
+
+def test_pack_rows_joins_q4_0_with_mins_and_refuses_4_with_8_bits():
+    q4_0, q4_1 = random_info(Q.Q4_0, 16, 256, 1), random_info(Q.Q4_1, 20, 256, 2)
+    joined = pack_rows([q4_0, q4_1])
+    assert joined.format == W4
+    # Equal values; a zero weight may change sign (d q - 8 d instead of d (q - 8)).
+    np.testing.assert_array_equal(dequantize_packed(joined), torch.cat([dequantize(q4_0), dequantize(q4_1)]).numpy())
+    with pytest.raises(ValueError):
+        pack_rows([q4_1, random_info(Q.Q8_0, 16, 256)])
+
+
+# -- the kernels ---------------------------------------------------------------------------------
+
+def test_builds_report_their_isa(kernels):
+    for variant, k in kernels.items():
+        assert k.isa == variant
+        assert k.row_bytes(576) % 64 == 0
+        assert all(k.col_align(fmt) == 16 for fmt in (W4, W8, W8_32))
+
+
+def test_activation_quantization_definition(kernels):
+    """q = round-half-even(x * (127 / amax)) per block of 32, d = amax / 127, on every build."""
+    x = torch.randn(3, 128) * torch.tensor([[0.1], [3.0], [50.0]])
+    x[0, :32] = torch.arange(32) / 2 - 8  # ties: x * 127 / amax lands on halves
+    x[1, 32:64] = 0  # an all-zero block
+    amax = x.reshape(3, 4, 32).abs().amax(-1, keepdim=True).numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        expected = np.rint(x.reshape(3, 4, 32).numpy() * np.where(amax > 0, np.float32(127) / amax, 0)).astype(np.int8)
+    for variant, k in kernels.items():
+        acts = k.quantize(x).numpy()
+        np.testing.assert_array_equal(acts[:, :128].view(np.int8), expected.reshape(3, 128), err_msg=variant)
+        np.testing.assert_array_equal(acts[:, 256:256 + 16].view(np.float32), (amax / np.float32(127)).reshape(3, 4))
+
+
+@pytest.mark.parametrize("qtype", FORMAT_CASES, ids=lambda t: t.name)
+def test_results_are_batch_invariant(kernels, qtype):
+    """y[r, c] is the same bits for any row count, row position and column range."""
+    info = random_info(qtype, 70, 512)  # 5 groups of 16, the last one partial
+    packed = pack(info)
+    x = torch.randn(41, 512)
+    for variant, k in kernels.items():
+        acts = k.quantize(x)
+        full = k.matmul_acts(packed, acts)
+        for rows in range(1, 41):
+            start = (7 * rows) % (42 - rows)
+            part = k.matmul_acts(packed, acts[start:start + rows])
+            assert torch.equal(part.view(torch.int32), full[start:start + rows].view(torch.int32)), (variant, rows)
+        split = torch.full_like(full, float("nan"))
+        for begin, end in ((0, 16), (16, 48), (48, 64), (64, 70)):
+            k.matmul_acts(packed, acts, split, begin, end)
+        assert torch.equal(split.view(torch.int32), full.view(torch.int32)), variant
+        untouched = torch.full_like(full, 7.0)
+        k.matmul_acts(packed, acts, untouched, 16, 32)
+        assert (untouched[:, :16] == 7).all() and (untouched[:, 32:] == 7).all()
+
+
+def test_many_rows_match_single_rows(kernels):
+    """Prompt-sized batches (several row blocks of 256 KiB of activations) give each row's bits."""
+    packed = pack(random_info(Q.Q4_1, 48, 1536, seed=4))
+    x = torch.randn(150, 1536)
+    for variant, k in kernels.items():
+        full = k.matmul(packed, x)
+        for r in (0, 63, 64, 65, 127, 128, 149):
+            assert torch.equal(k.matmul(packed, x[r:r + 1]).view(torch.int32), full[r:r + 1].view(torch.int32)), (variant, r)
+
+
+@pytest.mark.parametrize("qtype", FORMAT_CASES + (Q.Q5_0, Q.Q3_K, Q.Q5_K), ids=lambda t: t.name)
+def test_builds_agree_bit_for_bit(kernels, qtype):
+    info = random_info(qtype, 48, 768, seed=3)
+    packed = pack(info)
+    x = torch.randn(9, 768) * torch.logspace(-3, 3, 9)[:, None]
+    x[0, :64] = 0
+    x[1, 5] = 1e-32  # a block below the smallest scale counts as zero
+    results = {variant: (k.quantize(x), k.matmul(packed, x)) for variant, k in kernels.items()}
+    acts, y = results["generic"]
+    for variant, (acts_v, y_v) in results.items():
+        assert torch.equal(acts_v, acts), variant
+        assert torch.equal(y_v.view(torch.int32), y.view(torch.int32)), variant
+
+
+def test_non_finite_activations_give_nan(kernels):
+    packed = pack(random_info(Q.Q8_0, 16, 64))
+    x = torch.ones(2, 64)
+    x[0, 3], x[1, 40] = float("nan"), float("inf")
+    for variant, k in kernels.items():
+        assert k.matmul(packed, x).isnan().all(), variant
+
+
+def _llama_cpp_reference(x: torch.Tensor, w: np.ndarray) -> torch.Tensor:
+    """x through gguf's Q8_0 (llama.cpp's 8-bit activations), then an exact matmul."""
+    from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
+
+    xq = gguf_dequantize(gguf_quantize(x.numpy(), Q.Q8_0), Q.Q8_0)
+    return torch.from_numpy(xq).double() @ torch.from_numpy(w).double().T
+
+
+@pytest.mark.parametrize("qtype", FORMAT_CASES, ids=lambda t: t.name)
+def test_accuracy_matches_llama_cpp(kernels, qtype):
+    info = random_info(qtype, 256, 1024, seed=5)
+    w = dequantize_packed(pack(info))
+    x = torch.randn(16, 1024)
+    exact = x.double() @ torch.from_numpy(w).double().T
+    ours = next(iter(kernels.values())).matmul(pack(info), x).double()
+    ours_err = ((ours - exact).norm() / exact.norm()).item()
+    llama_err = ((_llama_cpp_reference(x, w) - exact).norm() / exact.norm()).item()
+    assert ours_err < 1e-2 and ours_err < 1.05 * llama_err, (ours_err, llama_err)
+
+
+def test_real_layer_accuracy(kernels, smollm2_path):
+    gguf = GGUFFile(smollm2_path)
+    infos = [gguf.tensors[f"blk.2.{name}.weight"] for name in ("ffn_gate", "ffn_up")]
+    packed = pack_rows(infos)
+    w = torch.cat([dequantize(i) for i in infos])
+    x = torch.randn(8, 576)
+    exact = x.double() @ w.double().T
+    for variant, k in kernels.items():
+        err = ((k.matmul(packed, x).double() - exact).norm() / exact.norm()).item()
+        assert err < 1e-2, (variant, err)
