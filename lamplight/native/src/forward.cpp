@@ -53,16 +53,6 @@ float dot(const float* a, const float* b, int n) {
     return sum;
 }
 
-// y += a * x
-void axpy(float a, const float* x, float* y, int n) {
-    int i = 0;
-#if defined(__AVX2__)
-    __m256 va = _mm256_set1_ps(a);
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-#endif
-    for (; i < n; i++) y[i] = std::fma(a, x[i], y[i]);
-}
-
 float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
     if (exp == 0x1f) {
@@ -194,6 +184,15 @@ struct PhaseTimer {
 
 // ---------------------------------------------------------------------------------------------
 
+// The rows of a prompt chunk share their sequence's keys: converted once per chunk and KV head
+// (phase one), then read by every row (phase two). Converting is exact, so a row's result is
+// the same as if it had converted its keys itself (as single-row chunks do).
+struct SharedKeys {
+    int first_row = 0, n_rows = 0;
+    int64_t lo = 0, hi = 0;  // key positions converted: [lo, hi)
+    size_t offset = 0;       // into Model::shared_kv, per KV head (dk + dv) * (hi - lo) floats
+};
+
 struct Model {
     LpConfig cfg;
     vector<LpLayer> layers;
@@ -201,6 +200,9 @@ struct Model {
     vector<float> h, x, qkv, attn, out, gate_up, act, logits_in;
     vector<uint8_t> acts;
     vector<vector<float>> thread_scratch;
+    vector<float> shared_kv;  // converted keys of multi-row chunks (attention)
+    vector<SharedKeys> shared;
+    vector<int> chunk_of;
 };
 
 template <class T>
@@ -314,43 +316,182 @@ void prepare_row(const Model& m, const LpLayer& layer, int layer_index, const Lp
     }
 }
 
-// Attention of one row's query heads sharing KV head `g`: scores in key order, softmax, then
-// the values weighted in key order.
-void attend(const Model& m, const LpLayer& layer, int layer_index, const LpBatch& b, const LpKV& kv, int r, int g,
-            const float* row, float* out, vector<float>& scratch) {
-    const LpConfig& c = m.cfg;
-    int dk = c.head_dim_k, dv = c.head_dim_v, group = c.n_heads / c.n_kv_heads;
+// ---------------------------------------------------------------------------------------------
+// Attention of one row's query heads sharing KV head `g`. Its keys and values are converted to
+// float32 once (`n` rows of the task's scratch), scores are computed eight keys at a time with
+// one transposing reduction for the eight (the AVX2 hadd tree; the generic build adds in the
+// same order), softmax per head, then each head's output accumulates the values in key order.
+// Every step depends only on this row's own keys, so the result is the same in any batch.
+
+void load_rows(const void* base, int type, int64_t head_offset, const int64_t* slots, int64_t n, int d, float* out) {
+    for (int64_t j = 0; j < n; j++) load_kv(base, type, head_offset + slots[j] * d, d, out + j * d);
+}
+
+// scores[j] = dot(q, keys[j]) * scale for j < n (keys: n rows of d floats, d a multiple of 8).
+// Eight keys at a time, each with its own 8-lane accumulator chain over d (eight independent
+// chains keep the FMA units busy); a missing key of the last eight reads zeros, which leaves
+// the other keys' sums as they are.
+void score_keys(const float* q, const float* keys, int64_t n, int d, float scale, float* scores, const float* zeros) {
+    for (int64_t j0 = 0; j0 < n; j0 += 8) {
+        int count = (int)std::min<int64_t>(8, n - j0);
+        const float* k[8];
+        for (int j = 0; j < 8; j++) k[j] = j < count ? keys + (j0 + j) * d : zeros;
+#if defined(__AVX2__)
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (int i = 0; i < d; i += 8) {
+            __m256 qv = _mm256_loadu_ps(q + i);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[0] + i), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[1] + i), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[2] + i), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[3] + i), a3);
+            a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[4] + i), a4);
+            a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[5] + i), a5);
+            a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[6] + i), a6);
+            a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[7] + i), a7);
+        }
+        // One transposing reduction for the eight: key j's sum is ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7))
+        // over its own lanes.
+        __m256 t0 = _mm256_hadd_ps(a0, a1), t1 = _mm256_hadd_ps(a2, a3);
+        __m256 t2 = _mm256_hadd_ps(a4, a5), t3 = _mm256_hadd_ps(a6, a7);
+        __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+        __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+        float out[8];
+        _mm256_storeu_ps(out, _mm256_mul_ps(sums, _mm256_set1_ps(scale)));
+        for (int j = 0; j < count; j++) scores[j0 + j] = out[j];
+#else
+        for (int j = 0; j < count; j++) {
+            float a[8] = {0};
+            for (int i = 0; i < d; i += 8)
+                for (int l = 0; l < 8; l++) a[l] = std::fma(q[i + l], k[j][i + l], a[l]);
+            scores[j0 + j] = (((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) * scale;
+        }
+#endif
+    }
+}
+
+// out[0..d) = sum_j p[j] * values[j] * inv_sum, accumulated in key order (eight 8-lane chains
+// per 64 values).
+void weigh_values(const float* p, const float* values, int64_t n, int d, float inv_sum, float* out) {
+    for (int i0 = 0; i0 < d; i0 += 64) {
+        int width = std::min(64, d - i0);
+#if defined(__AVX2__)
+        if (width == 64) {
+            __m256 a[8];
+            for (int l = 0; l < 8; l++) a[l] = _mm256_setzero_ps();
+            for (int64_t j = 0; j < n; j++) {
+                const float* v = values + j * d + i0;
+                __m256 w = _mm256_set1_ps(p[j]);
+                a[0] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), a[0]);
+                a[1] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), a[1]);
+                a[2] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), a[2]);
+                a[3] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), a[3]);
+                a[4] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 32), a[4]);
+                a[5] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 40), a[5]);
+                a[6] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), a[6]);
+                a[7] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), a[7]);
+            }
+            __m256 s = _mm256_set1_ps(inv_sum);
+            for (int l = 0; l < 8; l++) _mm256_storeu_ps(out + i0 + 8 * l, _mm256_mul_ps(a[l], s));
+            continue;
+        }
+#endif
+        float acc[64] = {0};
+        for (int64_t j = 0; j < n; j++)
+            for (int i = 0; i < width; i++) acc[i] = std::fma(p[j], values[j * d + i0 + i], acc[i]);
+        for (int i = 0; i < width; i++) out[i0 + i] = acc[i] * inv_sum;
+    }
+}
+
+// The keys and values a row attends to, as float32 rows: [first, pos] of its sequence.
+struct KeyRange {
+    int64_t first, n;
+};
+
+KeyRange key_range(const LpLayer& layer, const LpBatch& b, int r) {
     int64_t pos = b.positions[r];
     int64_t first = layer.window > 0 ? std::max<int64_t>(0, pos - layer.window + 1) : 0;
-    int64_t n = pos + 1 - first;
-    const int64_t* slots = b.key_slots + b.key_offsets[r] + first;
-    float* scores = grow(scratch, (size_t)group * n + dk + dv);
-    float* kv_row = scores + (size_t)group * n;
-    const void* kbase = kv.k[layer_index];
-    const void* vbase = kv.v[layer_index];
-    int64_t head_k = (int64_t)g * kv.pool_tokens * dk, head_v = (int64_t)g * kv.pool_tokens * dv;
-    const float* q = row + (int64_t)g * group * dk;
-    for (int64_t j = 0; j < n; j++) {
-        load_kv(kbase, kv.k_type, head_k + slots[j] * dk, dk, kv_row);
-        for (int i = 0; i < group; i++) scores[i * n + j] = dot(q + i * dk, kv_row, dk) * c.attn_scale;
-    }
-    float inv_sum[64];
+    return {first, pos + 1 - first};
+}
+
+void attend_rows(const LpConfig& c, const float* q, const float* keys, const float* values, int64_t n,
+                 float* out, vector<float>& scratch) {
+    int dk = c.head_dim_k, dv = c.head_dim_v, group = c.n_heads / c.n_kv_heads;
+    float* scores = grow(scratch, (size_t)n * group + dk);
+    float* zeros = scores + n * group;
+    std::memset(zeros, 0, dk * sizeof(float));
     for (int i = 0; i < group; i++) {
         float* s = scores + i * n;
+        score_keys(q + i * dk, keys, n, dk, c.attn_scale, s, zeros);
         float mx = -INFINITY;
         for (int64_t j = 0; j < n; j++) mx = std::max(mx, s[j]);
         for (int64_t j = 0; j < n; j++) s[j] = exp_approx(s[j] - mx);
         float sum = 0.0f;
         for (int64_t j = 0; j < n; j++) sum += s[j];
-        inv_sum[i] = 1.0f / sum;
-        std::memset(out + (int64_t)i * dv, 0, dv * sizeof(float));
+        weigh_values(s, values, n, dv, 1.0f / sum, out + (int64_t)i * dv);
     }
-    for (int64_t j = 0; j < n; j++) {
-        load_kv(vbase, kv.v_type, head_v + slots[j] * dv, dv, kv_row);
-        for (int i = 0; i < group; i++) axpy(scores[i * n + j], kv_row, out + (int64_t)i * dv, dv);
+}
+
+void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const LpKV& kv, const float* qkv, int n_qkv,
+               float* attn) {
+    const LpConfig& c = m.cfg;
+    int T = b.n_rows, H = c.n_kv_heads, dk = c.head_dim_k, dv = c.head_dim_v, group = c.n_heads / H;
+    int64_t n_attn = (int64_t)c.n_heads * dv;
+    // Chunks of several rows (consecutive rows with one key list) get shared converted keys.
+    vector<SharedKeys>& shared = m.shared;
+    vector<int>& chunk_of = m.chunk_of;
+    shared.clear();
+    chunk_of.assign(T, -1);
+    size_t total = 0;
+    for (int r = 0; r < T;) {
+        int end = r + 1;
+        while (end < T && b.key_offsets[end] == b.key_offsets[r]) end++;
+        if (end - r > 1) {
+            SharedKeys sk;
+            sk.first_row = r, sk.n_rows = end - r;
+            sk.lo = INT64_MAX, sk.hi = 0;
+            for (int i = r; i < end; i++) {
+                KeyRange kr = key_range(layer, b, i);
+                sk.lo = std::min(sk.lo, kr.first), sk.hi = std::max(sk.hi, kr.first + kr.n);
+                chunk_of[i] = (int)shared.size();
+            }
+            sk.offset = total;
+            total += (size_t)(sk.hi - sk.lo) * (dk + dv) * H;
+            shared.push_back(sk);
+        }
+        r = end;
     }
-    for (int i = 0; i < group; i++)
-        for (int d = 0; d < dv; d++) out[(int64_t)i * dv + d] *= inv_sum[i];
+    float* buffer = grow(m.shared_kv, total);
+    auto keys_of = [&](const SharedKeys& sk, int g) { return buffer + sk.offset + (size_t)g * (sk.hi - sk.lo) * (dk + dv); };
+    lp::parallel_for((int64_t)shared.size() * H, [&](int64_t task, int) {
+        const SharedKeys& sk = shared[task / H];
+        int g = (int)(task % H);
+        int64_t n = sk.hi - sk.lo;
+        const int64_t* slots = b.key_slots + b.key_offsets[sk.first_row] + sk.lo;
+        float* keys = keys_of(sk, g);
+        load_rows(kv.k[li], kv.k_type, (int64_t)g * kv.pool_tokens * dk, slots, n, dk, keys);
+        load_rows(kv.v[li], kv.v_type, (int64_t)g * kv.pool_tokens * dv, slots, n, dv, keys + n * dk);
+    });
+    if ((int)m.thread_scratch.size() < lp::pool_threads()) m.thread_scratch.resize(2 * lp::pool_threads());
+    lp::parallel_for((int64_t)T * H, [&](int64_t task, int thread) {
+        int r = (int)(task / H), g = (int)(task % H);
+        KeyRange kr = key_range(layer, b, r);
+        const float* q = qkv + (int64_t)r * n_qkv + (int64_t)g * group * dk;
+        float* out = attn + r * n_attn + (int64_t)g * group * dv;
+        vector<float>& scratch = m.thread_scratch[2 * thread];
+        if (chunk_of[r] >= 0) {
+            const SharedKeys& sk = shared[chunk_of[r]];
+            const float* keys = keys_of(sk, g);
+            const float* values = keys + (sk.hi - sk.lo) * dk;
+            int64_t skip = kr.first - sk.lo;
+            attend_rows(c, q, keys + skip * dk, values + skip * dv, kr.n, out, scratch);
+            return;
+        }
+        const int64_t* slots = b.key_slots + b.key_offsets[r] + kr.first;
+        float* keys = grow(m.thread_scratch[2 * thread + 1], (size_t)kr.n * (dk + dv));
+        load_rows(kv.k[li], kv.k_type, (int64_t)g * kv.pool_tokens * dk, slots, kr.n, dk, keys);
+        load_rows(kv.v[li], kv.v_type, (int64_t)g * kv.pool_tokens * dv, slots, kr.n, dv, keys + kr.n * dk);
+        attend_rows(c, q, keys, keys + kr.n * dk, kr.n, out, scratch);
+    });
 }
 
 void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv) {
@@ -370,13 +511,7 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv) {
     timer.lap(P_QKV);
     for_rows(T, [&](int r, int) { prepare_row(m, layer, li, b, kv, r, qkv + (int64_t)r * n_qkv); });
     timer.lap(P_ROPE_KV);
-    int group = c.n_heads / c.n_kv_heads;
-    if ((int)m.thread_scratch.size() < lp::pool_threads()) m.thread_scratch.resize(lp::pool_threads());
-    lp::parallel_for((int64_t)T * c.n_kv_heads, [&](int64_t task, int thread) {
-        int r = (int)(task / c.n_kv_heads), g = (int)(task % c.n_kv_heads);
-        attend(m, layer, li, b, kv, r, g, qkv + (int64_t)r * n_qkv,
-               attn + (int64_t)r * n_attn + (int64_t)g * group * c.head_dim_v, m.thread_scratch[thread]);
-    });
+    attention(m, layer, li, b, kv, qkv, n_qkv, attn);
     timer.lap(P_ATTENTION);
     linear(layer.wo, attn, T, out, m.acts);
     timer.lap(P_WO);
@@ -440,7 +575,7 @@ int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* log
     const LpConfig& c = m.cfg;
     const LpBatch& b = *batch;
     int T = b.n_rows, E = c.n_embd;
-    if (E > 8192 || c.head_dim_k > 1024 || c.head_dim_v > 1024 || c.n_heads / c.n_kv_heads > 64) return 1;
+    if (E > 8192 || c.head_dim_k > 1024 || c.head_dim_k % 8 != 0) return 1;
     float* h = grow(m.h, (size_t)T * E);
     grow(m.x, (size_t)T * E);
     for_rows(T, [&](int r, int) {
