@@ -54,10 +54,12 @@ def load(
     model = load_model(gguf)
     kernels = "pytorch reference"
     if fast:
-        why_not = attach_native(model) if device == "cpu" else f"device {device}"
+        why_not = attach_native(model, progress) if device == "cpu" else f"device {device}"
         kernels = model.native.describe() if model.native is not None else f"pytorch fast ({why_not})"
         if model.native is None:
             use_fast_path(model, device)
+        else:
+            gguf.release_pages()  # repacked: the raw blocks are read again only for embedding rows
     if device != "cpu":
         model.token_embd  # materialised here so that .to() moves it
         model.to(device)
@@ -65,12 +67,12 @@ def load(
     return LoadedModel(path, name, gguf, model, tokenizer, template, kernels)
 
 
-def attach_native(model: CausalLM) -> str | None:
+def attach_native(model: CausalLM, progress: Callable[[str], None] | None = None) -> str | None:
     """Give `model` the native forward pass if this machine has it; else say why not."""
     from .native import runtime
     from .native.runner import NativeModel, NativeUnsupported
 
-    lib = runtime.library()
+    lib = runtime.library(progress)
     if lib is None:
         return runtime.unavailable_reason()
     try:

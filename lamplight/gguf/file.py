@@ -77,6 +77,13 @@ class GGUFFile:
 
     # -- public helpers -------------------------------------------------------------------------
 
+    def release_pages(self) -> None:
+        """Let the OS drop the file's pages from this process's resident memory (they stay in
+        the page cache and come back on access): after the weights were repacked, the raw
+        blocks are only read again for a few embedding rows per step."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._buf.madvise(mmap.MADV_DONTNEED)
+
     @property
     def architecture(self) -> str:
         arch = self.metadata.get("general.architecture")

@@ -93,14 +93,25 @@ def _build_key(cxx: str, flags: tuple[str, ...]) -> str:
     return digest.hexdigest()[:16]
 
 
-def library_path(variant: str) -> Path:
-    """Build `variant` if it is not cached yet; return the path of its shared library."""
+def _target(variant: str) -> tuple[str, tuple[str, ...], Path]:
     cxx = compiler()
     if cxx is None:
         raise BuildError("no C++ compiler found (set CXX, or install g++)")
-    extra, _ = VARIANTS[variant]
-    flags = COMMON_FLAGS + extra
-    target = cache_dir() / f"liblamplight-{variant}-{_build_key(cxx, flags)}.so"
+    flags = COMMON_FLAGS + VARIANTS[variant][0]
+    return cxx, flags, cache_dir() / f"liblamplight-{variant}-{_build_key(cxx, flags)}.so"
+
+
+def is_built(variant: str) -> bool:
+    """Whether `variant` is in the cache already (False without a compiler)."""
+    try:
+        return _target(variant)[2].is_file()
+    except BuildError:
+        return False
+
+
+def library_path(variant: str) -> Path:
+    """Build `variant` if it is not cached yet; return the path of its shared library."""
+    cxx, flags, target = _target(variant)
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

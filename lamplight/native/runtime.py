@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from typing import Callable
 
 from . import abi, build
 
@@ -25,11 +26,13 @@ _loaded: dict[str, ctypes.CDLL] = {}
 _state: dict[str, object] = {"decided": False, "variant": None, "reason": None}
 
 
-def load_variant(variant: str) -> ctypes.CDLL:
+def load_variant(variant: str, progress: Callable[[str], None] | None = None) -> ctypes.CDLL:
     """The library of one variant (built if needed); raises build.BuildError."""
     with _lock:
         lib = _loaded.get(variant)
         if lib is None:
+            if progress is not None and not build.is_built(variant):
+                progress(f"building the native {variant} kernels for this CPU (first start only, a few seconds)")
             started = time.perf_counter()
             path = build.library_path(variant)
             lib = abi.declare(ctypes.CDLL(str(path)))
@@ -52,14 +55,14 @@ def _choice() -> str | None:
     return setting
 
 
-def library() -> ctypes.CDLL | None:
+def library(progress: Callable[[str], None] | None = None) -> ctypes.CDLL | None:
     """The native library to use in this process, or None (PyTorch's kernels)."""
     if not _state["decided"]:
         _state["decided"] = True
         variant = _choice()
         if variant is not None:
             try:
-                load_variant(variant)
+                load_variant(variant, progress)
                 _state["variant"] = variant
             except (build.BuildError, OSError, AttributeError, subprocess_error()) as exc:
                 _state["reason"] = str(exc).splitlines()[0]
