@@ -230,12 +230,21 @@ void dense_columns(const LpLinearPart& part, const float* x, int n_rows, float* 
         for (int c = begin; c < end; c++) y[(int64_t)r * ldy + c] = dot(x + (int64_t)r * k, part.dense + (int64_t)c * k, k);
 }
 
+// Room for n_rows quantized rows of width k.
+uint8_t* acts_for(vector<uint8_t>& acts, int n_rows, int k) { return grow(acts, lp_qacts_row_bytes(k) * (size_t)n_rows); }
+
+// Quantize row r of x [.., k] into its place in acts (sized by acts_for).
+void quantize_row(const float* x, int k, int r, uint8_t* acts) {
+    lp_quantize_rows(x + (int64_t)r * k, k, k, 1, acts + lp_qacts_row_bytes(k) * r);
+}
+
 // y [n_rows, lin.n_out] = x [n_rows, k] W^T (+ bias), columns split into tasks over the pool.
-void linear(const LpLinear& lin, const float* x, int n_rows, float* y, vector<uint8_t>& acts) {
+// `quantized`: acts already holds x's quantized rows (the phase before wrote them row by row).
+void linear(const LpLinear& lin, const float* x, int n_rows, float* y, vector<uint8_t>& acts, bool quantized = false) {
     int k = lin.parts[0].w.k;
     bool any_packed = false;
     for (int p = 0; p < lin.n_parts; p++) any_packed |= lin.parts[p].dense == nullptr;
-    if (any_packed) quantize(x, n_rows, k, acts);
+    if (any_packed && !quantized) quantize(x, n_rows, k, acts);
     // Tasks: column chunks of every part, sized so each thread gets several (load balance) and
     // each chunk is a multiple of the kernel's column group.
     struct Chunk { int part, begin, end, offset; };
@@ -494,7 +503,20 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
     });
 }
 
-void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv) {
+// h += o, through the layer's post-norm first if it has one (Gemma).
+void add_residual(float* hr, const float* o, const float* post_norm, float eps, int E) {
+    if (post_norm) {
+        float tmp[8192];
+        rms_norm(o, post_norm, eps, E, tmp);
+        for (int i = 0; i < E; i++) hr[i] += tmp[i];
+    } else {
+        for (int i = 0; i < E; i++) hr[i] += o[i];
+    }
+}
+
+// One decoder layer. `pending`: the previous layer, whose MLP output (in m.out) is added to the
+// residual stream in this layer's first phase (one parallel phase fewer per layer).
+void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpLayer* pending) {
     const LpConfig& c = m.cfg;
     const LpLayer& layer = m.layers[li];
     int T = b.n_rows, E = c.n_embd, F = c.n_ff;
@@ -503,11 +525,19 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv) {
     float* qkv = grow(m.qkv, (size_t)T * n_qkv);
     float* attn = grow(m.attn, (size_t)T * n_attn);
     float* out = grow(m.out, (size_t)T * E);
+    float* gu = grow(m.gate_up, (size_t)T * 2 * F);
+    float* act = grow(m.act, (size_t)T * F);
 
     PhaseTimer timer;
-    for_rows(T, [&](int r, int) { rms_norm(h + (int64_t)r * E, layer.attn_norm, c.rms_eps, E, x + (int64_t)r * E); });
+    uint8_t* acts = acts_for(m.acts, T, E);
+    for_rows(T, [&](int r, int) {
+        float* hr = h + (int64_t)r * E;
+        if (pending) add_residual(hr, out + (int64_t)r * E, pending->post_ffn_norm, c.rms_eps, E);
+        rms_norm(hr, layer.attn_norm, c.rms_eps, E, x + (int64_t)r * E);
+        quantize_row(x, E, r, acts);
+    });
     timer.lap(P_NORM);
-    linear(layer.qkv, x, T, qkv, m.acts);
+    linear(layer.qkv, x, T, qkv, m.acts, true);
     timer.lap(P_QKV);
     for_rows(T, [&](int r, int) { prepare_row(m, layer, li, b, kv, r, qkv + (int64_t)r * n_qkv); });
     timer.lap(P_ROPE_KV);
@@ -515,23 +545,17 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv) {
     timer.lap(P_ATTENTION);
     linear(layer.wo, attn, T, out, m.acts);
     timer.lap(P_WO);
+    acts = acts_for(m.acts, T, E);
     for_rows(T, [&](int r, int) {
         float* hr = h + (int64_t)r * E;
-        float* o = out + (int64_t)r * E;
-        if (layer.post_attn_norm) {
-            float tmp[8192];
-            rms_norm(o, layer.post_attn_norm, c.rms_eps, E, tmp);
-            for (int i = 0; i < E; i++) hr[i] += tmp[i];
-        } else {
-            for (int i = 0; i < E; i++) hr[i] += o[i];
-        }
+        add_residual(hr, out + (int64_t)r * E, layer.post_attn_norm, c.rms_eps, E);
         rms_norm(hr, layer.ffn_norm, c.rms_eps, E, x + (int64_t)r * E);
+        quantize_row(x, E, r, acts);
     });
     timer.lap(P_RESIDUAL);
-    float* gu = grow(m.gate_up, (size_t)T * 2 * F);
-    float* act = grow(m.act, (size_t)T * F);
-    linear(layer.gate_up, x, T, gu, m.acts);
+    linear(layer.gate_up, x, T, gu, m.acts, true);
     timer.lap(P_GATE_UP);
+    acts = acts_for(m.acts, T, F);
     for_rows(T, [&](int r, int) {
         const float* g = gu + (int64_t)r * 2 * F;
         float* a = act + (int64_t)r * F;
@@ -539,22 +563,11 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv) {
             for (int i = 0; i < F; i++) a[i] = gelu_tanh(g[i]) * g[F + i];
         else
             for (int i = 0; i < F; i++) a[i] = silu(g[i]) * g[F + i];
+        quantize_row(act, F, r, acts);
     });
     timer.lap(P_ACTIVATION);
-    linear(layer.down, act, T, out, m.acts);
+    linear(layer.down, act, T, out, m.acts, true);
     timer.lap(P_DOWN);
-    for_rows(T, [&](int r, int) {
-        float* hr = h + (int64_t)r * E;
-        float* o = out + (int64_t)r * E;
-        if (layer.post_ffn_norm) {
-            float tmp[8192];
-            rms_norm(o, layer.post_ffn_norm, c.rms_eps, E, tmp);
-            for (int i = 0; i < E; i++) hr[i] += tmp[i];
-        } else {
-            for (int i = 0; i < E; i++) hr[i] += o[i];
-        }
-    });
-    timer.lap(P_RESIDUAL);
 }
 
 }  // namespace
@@ -581,11 +594,19 @@ int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* log
     for_rows(T, [&](int r, int) {
         for (int i = 0; i < E; i++) h[(int64_t)r * E + i] = b.embeddings[(int64_t)r * E + i] * c.embd_scale;
     });
-    for (int li = 0; li < c.n_layers; li++) layer_forward(m, li, b, *kv);
+    for (int li = 0; li < c.n_layers; li++) layer_forward(m, li, b, *kv, li > 0 ? &m.layers[li - 1] : nullptr);
     PhaseTimer timer;
+    // Only the logit rows need the last layer's output and the final norm.
+    const LpLayer& last = m.layers[c.n_layers - 1];
     float* normed = grow(m.logits_in, (size_t)b.n_logits * E);
-    for_rows(b.n_logits, [&](int i, int) { rms_norm(h + b.logit_rows[i] * E, c.output_norm, c.rms_eps, E, normed + (int64_t)i * E); });
-    linear(c.head, normed, b.n_logits, logits, m.acts);
+    uint8_t* acts = acts_for(m.acts, b.n_logits, E);
+    for_rows(b.n_logits, [&](int i, int) {
+        float* hr = h + b.logit_rows[i] * E;
+        add_residual(hr, m.out.data() + b.logit_rows[i] * E, last.post_ffn_norm, c.rms_eps, E);
+        rms_norm(hr, c.output_norm, c.rms_eps, E, normed + (int64_t)i * E);
+        quantize_row(normed, E, i, acts);
+    });
+    linear(c.head, normed, b.n_logits, logits, m.acts, true);
     if (c.final_softcap > 0.0f)
         for_rows(b.n_logits, [&](int i, int) {
             float* row = logits + (int64_t)i * c.vocab;
