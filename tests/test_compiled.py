@@ -65,7 +65,9 @@ def test_compiled_decode_matches_eager_and_never_recompiles(compiled):
         cache, tables = _prefilled(model, lengths)
         eager = _decode(model, cache, tables)
         fast = _decode(decode, cache, tables)
-        torch.testing.assert_close(fast, eager, rtol=1e-3, atol=1e-3)
+        # Inductor's fused loops sum in another order than eager ops; where the sum feeds the bf16
+        # head that can move a logit by one bf16 step (0.004 near 1 was seen with AVX-512 code).
+        torch.testing.assert_close(fast, eager, rtol=1e-2, atol=1e-2)
     assert counters["stats"]["unique_graphs"] == graphs_after_warm_up
 
 

@@ -202,3 +202,42 @@ def test_seeded_output_does_not_depend_on_the_cache_or_neighbours(tmp_path):
     for again in (prefix_cached, all_cached):
         assert again.token_ids == expected.token_ids
         assert again.probs == expected.probs and len(expected.probs) == 24
+
+
+def test_server_serves_on_native_kernels_and_says_so(tmp_path):
+    """`lamplight.load(fast=True)` picks the native forward; the engine then keeps its KV cache in
+    f16 (llama-server's default); /props names the kernel set and the memory budget."""
+    import httpx
+    from test_server_support import serve
+
+    import lamplight
+    from lamplight.server.launcher import EngineOptions, build_engine
+
+    loaded = lamplight.load(str(write_tiny_llama(tmp_path / "t.gguf", qtype=Q.Q4_1)), fast=True)
+    assert loaded.model.native is not None and loaded.kernels.startswith("native ")
+    engine = build_engine(loaded, EngineOptions(n_ctx=512, n_parallel=2))
+    server = serve(loaded, engine)
+    try:
+        assert engine.cache.k[0].dtype == torch.float16
+        props = httpx.get(f"{server.url}/props").json()
+        assert props["kernels"] == loaded.kernels
+        assert props["memory_mib"]["weights"] > 0 and props["memory_mib"]["kv_cache"] > 0
+        reply = httpx.post(f"{server.url}/completion", json={"prompt": "the", "n_predict": 5}, timeout=60).json()
+        assert reply["tokens_predicted"] == 5
+    finally:
+        server.stop()
+        engine.stop()
+
+
+def test_out_of_range_positions_are_refused_not_read(tiny):
+    """A position past the RoPE table or a slot past the pool is an error, never a stray read."""
+    native = _native(tiny)
+    cache = _cache(tiny, blocks=4)
+    table = BlockTable(cache)
+    table.fill_to(3)
+    bad = SequenceChunk([5], tiny.config.n_ctx_train, list(range(tiny.config.n_ctx_train)) + [2])
+    with pytest.raises(ValueError, match="out of range"):
+        native(build_forward_batch([bad]), cache)
+    outside = SequenceChunk([5, 6], 0, [0, cache.num_blocks * cache.block_size])
+    with pytest.raises(ValueError, match="out of range"):
+        native(build_forward_batch([outside]), cache)

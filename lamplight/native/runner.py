@@ -74,8 +74,7 @@ class NativeModel:
         """One native linear over `members` (QuantLinears reading the same input)."""
         infos = [m.info for m in members]
         lin = abi.Linear()
-        groups: list[tuple[list, object]] = []
-        groups = [([i], None) for i in infos] if not self.packed else _pack_groups(infos)
+        groups = _pack_groups(infos) if self.packed else [([i], None) for i in infos]
         if len(groups) > abi.MAX_PARTS:
             raise NativeUnsupported(f"more than {abi.MAX_PARTS} weights in one fused linear")
         lin.n_parts = len(groups)
@@ -172,8 +171,10 @@ class NativeModel:
         b = abi.Batch(embd.shape[0], logit_rows.numel(), _ptr(embd), _ptr(positions), _ptr(write_slots),
                       _ptr(key_offsets), _ptr(key_slots), _ptr(logit_rows))
         rc = self.lib.lp_forward(self.handle, ctypes.byref(b), ctypes.byref(self._kv(kv)), logits.data_ptr())
+        if rc == 1:
+            raise NativeUnsupported("the native forward does not handle this model's shapes")
         if rc != 0:
-            raise NativeUnsupported(f"the native forward refused this model's shapes (code {rc})")
+            raise ValueError("a position or KV slot of this step is out of range")
         return logits
 
 

@@ -589,6 +589,19 @@ int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* log
     const LpBatch& b = *batch;
     int T = b.n_rows, E = c.n_embd;
     if (E > 8192 || c.head_dim_k > 1024 || c.head_dim_k % 8 != 0) return 1;
+    // Out-of-range positions or pool slots would read or write past the tables: refuse the step.
+    int64_t run_max = -1;  // the largest position among the rows sharing one key list so far
+    for (int r = 0; r < T; r++) {
+        int64_t pos = b.positions[r];
+        if (pos < 0 || pos >= c.rope_max_pos || b.write_slots[r] < 0 || b.write_slots[r] >= kv->pool_tokens) return 2;
+        run_max = std::max(run_max, pos);
+        if (r + 1 < T && b.key_offsets[r + 1] == b.key_offsets[r]) continue;
+        for (int64_t p = 0; p <= run_max; p++) {
+            int64_t slot = b.key_slots[b.key_offsets[r] + p];
+            if (slot < 0 || slot >= kv->pool_tokens) return 2;
+        }
+        run_max = -1;
+    }
     float* h = grow(m.h, (size_t)T * E);
     grow(m.x, (size_t)T * E);
     for_rows(T, [&](int r, int) {
