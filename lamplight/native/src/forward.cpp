@@ -626,6 +626,7 @@ int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* log
             for (int j = 0; j < c.vocab; j++) row[j] = std::tanh(row[j] / c.final_softcap) * c.final_softcap;
         });
     timer.lap(P_HEAD);
+    lp::pool_park();
     return 0;
 }
 
@@ -641,6 +642,7 @@ int32_t lp_profile(int32_t enable, double* out) {
 void lp_linear(const LpLinear* lin, const float* x, int32_t n_rows, float* y) {
     thread_local vector<uint8_t> acts;
     linear(*lin, x, n_rows, y, acts);
+    lp::pool_park();
 }
 
 void lp_set_threads(int32_t n) { lp::pool_set_threads(n); }

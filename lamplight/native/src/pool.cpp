@@ -33,6 +33,9 @@ struct Pool {
     std::mutex mutex;
     std::condition_variable wake;
     std::atomic<int> sleepers{0};
+    // Set between forward steps: workers sleep at once instead of spinning, so they leave the
+    // cores to PyTorch's sampling and to other processes.
+    std::atomic<bool> parked{true};
 
     ~Pool() { resize(0); }
 
@@ -71,7 +74,7 @@ struct Pool {
                 continue;
             }
             bool moved = false;
-            for (int i = 0; i < kSpinBeforeSleep; i++) {
+            for (int i = 0; i < kSpinBeforeSleep && !parked.load(std::memory_order_relaxed); i++) {
                 if (generation.load(std::memory_order_acquire) != seen || stop.load(std::memory_order_relaxed)) {
                     moved = true;
                     break;
@@ -92,6 +95,7 @@ struct Pool {
             return;
         }
         fn = &f;
+        parked.store(false, std::memory_order_relaxed);
         done.store(0, std::memory_order_relaxed);
         uint32_t gen = generation.load(std::memory_order_relaxed) + 1;
         claim.store((uint64_t)(gen & 0xffff) << 48 | (uint64_t)count << 24, std::memory_order_release);
@@ -120,5 +124,7 @@ void pool_set_threads(int n) {
 int pool_threads() { return (int)pool().workers.size() + 1; }
 
 void parallel_for(int64_t n_tasks, const TaskFn& fn) { pool().run(n_tasks, fn); }
+
+void pool_park() { pool().parked.store(true, std::memory_order_relaxed); }
 
 }  // namespace lp

@@ -3,8 +3,8 @@
 // Each parallel phase is a set of independent tasks claimed one at a time from a shared
 // counter. The calling thread works too, and a phase ends when every task is *done*, not when
 // every worker has arrived: a worker the OS has descheduled (a loaded machine) claims nothing
-// and delays nothing. Workers spin briefly between phases of a step and sleep between steps,
-// so they do not steal the cores from PyTorch's own threads while Python samples.
+// and delays nothing. Workers spin briefly between the phases of a step and sleep as soon as
+// the step ends (pool_park), so they never compete for the cores while Python samples.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -17,5 +17,7 @@ void pool_set_threads(int n);  // total threads including the caller (>= 1)
 int pool_threads();
 // Run fn(task, thread) for task in [0, n_tasks); returns when all are done.
 void parallel_for(int64_t n_tasks, const TaskFn& fn);
+// The step is over: workers sleep now rather than spin (until the next parallel_for).
+void pool_park();
 
 }  // namespace lp
