@@ -146,7 +146,7 @@ def test_results_are_batch_invariant(kernels, qtype):
 
 
 def test_many_rows_match_single_rows(kernels):
-    """Prompt-sized batches (several row blocks of 256 KiB of activations) give each row's bits."""
+    """Prompt-sized batches (several row blocks of activations, on every build) give each row's bits."""
     packed = pack(random_info(Q.Q4_1, 48, 1536, seed=4))
     x = torch.randn(150, 1536)
     for variant, k in kernels.items():

@@ -6,6 +6,11 @@ row counts. The native kernels' times include quantizing the activations. Method
 interleaved repetitions (each repetition runs every method once) and the median is reported.
 
     python -m lamplight.native.kernels_bench [--rows 1 4 16 32 512] [--reps 5] [--variants avx2 ...]
+        [--lib NAME=PATH ...]
+
+--lib adds another build of the kernels (a shared library, e.g. an older source's, built with
+`c++ <build.COMMON_FLAGS and a variant's flags> qmatmul.cpp -o PATH`) as a column, for
+side-by-side timings in the same interleaved run.
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ class Torch:
             fn(inputs[k])
 
 
-def build_methods(gguf: GGUFFile, variants: list[str], n_layers: int):
+def build_methods(gguf: GGUFFile, variants: list[str], n_layers: int, libs: dict[str, str] | None = None):
     layers, heads = {}, {}
     packed = [pack_rows(_fused(gguf, i, names)) for i in range(n_layers) for names in LAYER_GROUPS]
     head_info = gguf.tensors.get("output.weight") or gguf.tensors["token_embd.weight"]
@@ -76,6 +81,10 @@ def build_methods(gguf: GGUFFile, variants: list[str], n_layers: int):
         kernels = QKernels.load(variant)
         layers[f"native {variant}"] = Native(kernels, packed)
         heads[f"native {variant}"] = Native(kernels, [head_packed])
+    for name, path in (libs or {}).items():
+        kernels = QKernels(path)
+        layers[name] = Native(kernels, packed)
+        heads[name] = Native(kernels, [head_packed])
     int4, dense = [], []
     for i in range(n_layers):
         for names in LAYER_GROUPS:
@@ -118,6 +127,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 32, 512])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--variants", nargs="+", default=[v for v in build.runnable_variants() if v != "generic"])
+    parser.add_argument("--lib", action="append", default=[], metavar="NAME=PATH",
+                        help="another build of the kernels to time alongside (repeatable)")
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--slow-limit", type=float, default=2.0, help="seconds above which a method runs once")
     args = parser.parse_args()
@@ -125,7 +136,8 @@ def main() -> None:
     from ..sources import resolve_model
 
     gguf = GGUFFile(resolve_model("smollm2-135m-instruct"))
-    layers, heads = build_methods(gguf, args.variants, args.layers)
+    libs = dict(spec.split("=", 1) for spec in args.lib)
+    layers, heads = build_methods(gguf, args.variants, args.layers, libs)
     for title, methods in ((f"{args.layers} layers' linears", layers), ("head 576->49152 Q8_0", heads)):
         names = list(methods)
         print(f"\n{title}, ms (median of {args.reps}, one thread)")

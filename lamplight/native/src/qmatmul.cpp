@@ -17,6 +17,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define LP_ISA_AVX512VNNI 1
@@ -206,6 +207,10 @@ inline int32_t load_i32(const void* p) {
 
 constexpr int kRowTile = 8;
 const char* const kIsa = "avx512vnni";
+// Activations of one row block (see lp_qmatmul): small enough that the bytes the tiles read
+// (q, d, s: about half of a row) stay in L1. With 256 KiB blocks, a matrix whose weights
+// overflow L2 (576->3072 at 512 rows) pushed the activations out of L2 too and ran 10-25% slower.
+constexpr size_t kRowBlockBytes = 64 * 1024;
 
 // The block's exact integer sums for 16 columns, one int32 lane each.
 template <int FMT, bool ZERO8, int R>
@@ -248,8 +253,11 @@ inline void block_sums(const uint8_t* rec, const ActsRow* a, int kb, int b, __m5
     }
 }
 
+template <int FMT, bool MIN>
+const void* prepare(const uint8_t*, int) { return nullptr; }
+
 template <int FMT, bool MIN, bool ZERO8, int R>
-void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst) {
+void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst, const void*) {
     constexpr int block = Fmt<FMT>::block, qbytes = Fmt<FMT>::qbytes;
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -272,29 +280,74 @@ void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst) {
 
 #elif defined(LP_ISA_AVX2)
 
-// Two rows per tile: with four, GCC keeps every maddubs result live at once and spills them
-// (measured 35-60 GMAC/s against 65-70 with two on an Ice Lake core).
-constexpr int kRowTile = 2;
+// Four rows x 8 columns per pass: 4 int16 block sums and 4 float accumulators stay in registers
+// with the weight chunk and its nibbles (GCC 12 spills from 5 rows on).
+constexpr int kRowTile = 4;
 const char* const kIsa = "avx2";
+// Activations of one row block: well inside a core's L2 (1-2 MiB on the project's machines).
+// Larger than the AVX-512 path's: each block unpacks every group's nibbles once (unpack_w4),
+// and this path is slow enough not to feel L2's latency (64 KiB measured 2-6% slower).
+constexpr size_t kRowBlockBytes = 256 * 1024;
 
-// The block's exact integer sums for the 8 columns of half h of the group, one int32 lane each.
+// Keeps v in a register at this point: without it GCC reassociates the unrolled chains of
+// integer adds across the rows and hoists every maddubs ahead of them, keeping them all live
+// (with four rows that spilled, and ran slower than two rows).
+#define LP_PIN(v) __asm__("" : "+x"(v))
+
+// LP_W4 weights unpacked once per group when more than one row tile reads them: per half h of
+// the group and block b, the 4 chunks' low and high nibbles as 8 vectors (lo0 hi0 lo1 hi1 ...)
+// at unpacked[(h * nblk + b) * 8]. A thread's buffer, reused across calls.
+const __m256i* unpack_w4(const uint8_t* grp, int nblk, int rec_bytes) {
+    struct alignas(32) Chunk { uint8_t bytes[32]; };
+    thread_local std::vector<Chunk> chunks;
+    if (chunks.size() < size_t(nblk) * 16) chunks.resize(size_t(nblk) * 16);
+    __m256i* const buf = reinterpret_cast<__m256i*>(chunks.data());
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    for (int b = 0; b < nblk; ++b, grp += rec_bytes)
+        for (int h = 0; h < 2; ++h) {
+            __m256i* u = buf + (size_t(h) * nblk + b) * 8;
+            for (int t = 0; t < 4; ++t) {
+                const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(grp + 64 * t + 32 * h));
+                _mm256_store_si256(u + 2 * t, _mm256_and_si256(w, mask));
+                _mm256_store_si256(u + 2 * t + 1, _mm256_and_si256(_mm256_srli_epi16(w, 4), mask));
+            }
+        }
+    return buf;
+}
+
+template <int FMT, bool MIN>
+const void* prepare(const uint8_t* grp, int nblk) {
+    if constexpr (FMT == LP_W4) return unpack_w4(grp, nblk, record_bytes<FMT, MIN>());
+    return nullptr;
+}
+
+// The block's exact integer sums for the 8 columns of half h of the group, one int32 lane each;
+// u: the block's unpacked nibbles (LP_W4) or null.
 template <int FMT, bool ZERO8, int R>
-inline void block_sums(const uint8_t* rec, int h, const ActsRow* a, int kb, int b, __m256i (&isum)[R]) {
+inline void block_sums(const uint8_t* rec, const __m256i* u, int h, const ActsRow* a, int kb, int b,
+                       __m256i (&isum)[R]) {
     const __m256i ones = _mm256_set1_epi16(1);
     if constexpr (FMT == LP_W4) {
         // maddubs pairs are at most 2 * 15 * 127 and a block adds 8 of them: int16 cannot
         // overflow, so the pairs are summed in int16 and widened once per block.
         const __m256i mask = _mm256_set1_epi8(0x0F);
         __m256i s16[R];
-        for (int r = 0; r < R; ++r) s16[r] = _mm256_setzero_si256();
         for (int t = 0; t < 4; ++t) {
-            const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(rec + 64 * t + 32 * h));
-            const __m256i lo = _mm256_and_si256(w, mask);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
+            __m256i lo, hi;
+            if (u != nullptr) {
+                lo = _mm256_load_si256(u + 2 * t);
+                hi = _mm256_load_si256(u + 2 * t + 1);
+            } else {
+                const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(rec + 64 * t + 32 * h));
+                lo = _mm256_and_si256(w, mask);
+                hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
+            }
             for (int r = 0; r < R; ++r) {
                 const int8_t* x = a[r].q + kb + 4 * t;
-                s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(x))));
-                s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(x + 16))));
+                const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(x))),
+                                                   _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(x + 16))));
+                s16[r] = t == 0 ? p : _mm256_add_epi16(s16[r], p);
+                LP_PIN(s16[r]);
             }
         }
         for (int r = 0; r < R; ++r) {
@@ -304,28 +357,30 @@ inline void block_sums(const uint8_t* rec, int h, const ActsRow* a, int kb, int 
     } else {
         // Signed x signed as maddubs(|w|, x * sign(w)): |w| <= 128 and |x| <= 127, so a pair
         // is at most 32512 and never saturates (even for w = -128).
-        for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
         for (int t = 0; t < Fmt<FMT>::block / 4; ++t) {
             const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(rec + 64 * t + 32 * h));
             const __m256i aw = _mm256_abs_epi8(w);
             for (int r = 0; r < R; ++r) {
                 const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(a[r].q + kb + 4 * t)), w);
-                isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones));
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
+                isum[r] = t == 0 ? p : _mm256_add_epi32(isum[r], p);
+                LP_PIN(isum[r]);
             }
         }
     }
 }
 
 // Half h (8 columns) of the group: 16 ymm registers hold one half's accumulators comfortably.
-template <int FMT, bool MIN, bool ZERO8, int R>
-void half_tile(const uint8_t* grp, int h, int nblk, const ActsRow* a, float* const* dst) {
+template <int FMT, bool MIN, bool ZERO8, int R, bool UNPACKED>
+void half_tile(const uint8_t* grp, const __m256i* u, int h, int nblk, const ActsRow* a, float* const* dst) {
     constexpr int block = Fmt<FMT>::block, qbytes = Fmt<FMT>::qbytes;
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    if (UNPACKED) u += size_t(h) * nblk * 8;
     for (int b = 0; b < nblk; ++b, grp += record_bytes<FMT, MIN>()) {
         const int kb = b * block;
         __m256i isum[R];
-        block_sums<FMT, ZERO8, R>(grp, h, a, kb, b, isum);
+        block_sums<FMT, ZERO8, R>(grp, UNPACKED ? u + 8 * b : nullptr, h, a, kb, b, isum);
         const __m256 scale = _mm256_load_ps(scales_of(grp, qbytes) + 8 * h);
         for (int r = 0; r < R; ++r) {
             const __m256 sd = _mm256_mul_ps(scale, _mm256_set1_ps(a[r].d[kb / kActBlock]));
@@ -340,15 +395,19 @@ void half_tile(const uint8_t* grp, int h, int nblk, const ActsRow* a, float* con
 }
 
 template <int FMT, bool MIN, bool ZERO8, int R>
-void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst) {
-    half_tile<FMT, MIN, ZERO8, R>(grp, 0, nblk, a, dst);
-    half_tile<FMT, MIN, ZERO8, R>(grp, 1, nblk, a, dst);
+void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst, const void* prep) {
+    const __m256i* u = static_cast<const __m256i*>(prep);
+    for (int h = 0; h < 2; ++h) {
+        if (FMT == LP_W4 && u != nullptr) half_tile<FMT, MIN, ZERO8, R, true>(grp, u, h, nblk, a, dst);
+        else half_tile<FMT, MIN, ZERO8, R, false>(grp, nullptr, h, nblk, a, dst);
+    }
 }
 
 #else
 
 constexpr int kRowTile = 1;
 const char* const kIsa = "generic";
+constexpr size_t kRowBlockBytes = 256 * 1024;
 
 // The weight q of column c at offset j < block inside a record.
 template <int FMT> inline int weight_q(const uint8_t* rec, int c, int j) {
@@ -361,8 +420,11 @@ template <int FMT> inline int weight_q(const uint8_t* rec, int c, int j) {
     }
 }
 
+template <int FMT, bool MIN>
+const void* prepare(const uint8_t*, int) { return nullptr; }
+
 template <int FMT, bool MIN, bool ZERO8, int R>
-void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst) {
+void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst, const void*) {
     constexpr int block = Fmt<FMT>::block, qbytes = Fmt<FMT>::qbytes;
     static_assert(R == 1, "the generic path works row by row");
     float acc[kGroup] = {};
@@ -383,30 +445,40 @@ void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst) {
 #endif
 
 // -- driver ------------------------------------------------------------------------------------
-// Activations of one row block: well inside a core's L2 (1-2 MiB on the project's machines).
-constexpr size_t kRowBlockBytes = 256 * 1024;
 
-using GroupFn = void (*)(const uint8_t* grp, int nblk, const ActsRow* a, int n_rows, float* const* dst);
+using GroupFn = void (*)(const uint8_t* grp, int nblk, const ActsRow* a, int n_rows, float* const* dst,
+                        const void* prep);
+// A group's weights in the form the tiles read fastest, when several row tiles read them (the
+// AVX2 path's unpacked nibbles); null to read the packed records.
+using PrepareFn = const void* (*)(const uint8_t* grp, int nblk);
 
 // One group of columns for n_rows <= R rows (R = kRowTile, then down to 1).
 template <int FMT, bool MIN, bool ZERO8, int R = kRowTile>
-void group_rows(const uint8_t* grp, int nblk, const ActsRow* a, int n_rows, float* const* dst) {
+void group_rows(const uint8_t* grp, int nblk, const ActsRow* a, int n_rows, float* const* dst, const void* prep) {
     if (n_rows == R) {
-        tile<FMT, MIN, ZERO8, R>(grp, nblk, a, dst);
+        tile<FMT, MIN, ZERO8, R>(grp, nblk, a, dst, prep);
     } else if constexpr (R > 1) {
-        group_rows<FMT, MIN, ZERO8, R - 1>(grp, nblk, a, n_rows, dst);
+        group_rows<FMT, MIN, ZERO8, R - 1>(grp, nblk, a, n_rows, dst, prep);
     }
 }
 
-GroupFn group_fn(int format, int32_t flags) {
+struct GroupKernel {
+    GroupFn fn;
+    PrepareFn prepare;
+};
+
+template <int FMT, bool MIN, bool ZERO8>
+constexpr GroupKernel kernel() { return {group_rows<FMT, MIN, ZERO8>, prepare<FMT, MIN>}; }
+
+GroupKernel group_kernel(int format, int32_t flags) {
     const bool min = flags & LP_FLAG_MIN, zero8 = flags & LP_FLAG_ZERO8;
     switch (format) {
         case LP_W4:
-            if (zero8) return min ? group_rows<LP_W4, true, true> : group_rows<LP_W4, false, true>;
-            return min ? group_rows<LP_W4, true, false> : group_rows<LP_W4, false, false>;
-        case LP_W8: return min ? group_rows<LP_W8, true, false> : group_rows<LP_W8, false, false>;
-        case LP_W8_32: return min ? group_rows<LP_W8_32, true, false> : group_rows<LP_W8_32, false, false>;
-        default: return nullptr;
+            if (zero8) return min ? kernel<LP_W4, true, true>() : kernel<LP_W4, false, true>();
+            return min ? kernel<LP_W4, true, false>() : kernel<LP_W4, false, false>();
+        case LP_W8: return min ? kernel<LP_W8, true, false>() : kernel<LP_W8, false, false>();
+        case LP_W8_32: return min ? kernel<LP_W8_32, true, false>() : kernel<LP_W8_32, false, false>();
+        default: return {nullptr, nullptr};
     }
 }
 
@@ -421,8 +493,9 @@ size_t group_bytes(int format, int32_t flags, int k) {
 }
 
 // Rows [r_begin, r_end) of one group of columns, in row tiles.
-void run_group(GroupFn fn, const uint8_t* grp, int nblk, const uint8_t* acts, size_t row_bytes, int k,
-               int32_t r_begin, int32_t r_end, float* y, int64_t ldy, int32_t c0, int cols) {
+void run_group(const GroupKernel& kern, const uint8_t* grp, int nblk, const uint8_t* acts, size_t row_bytes,
+               int k, int32_t r_begin, int32_t r_end, float* y, int64_t ldy, int32_t c0, int cols) {
+    const void* prep = r_end - r_begin > kRowTile ? kern.prepare(grp, nblk) : nullptr;
     for (int32_t r0 = r_begin; r0 < r_end; r0 += kRowTile) {
         const int rows = std::min(kRowTile, r_end - r0);
         ActsRow a[kRowTile];
@@ -432,7 +505,7 @@ void run_group(GroupFn fn, const uint8_t* grp, int nblk, const uint8_t* acts, si
             a[r] = acts_row(acts + size_t(r0 + r) * row_bytes, k);
             dst[r] = cols == kGroup ? y + (r0 + r) * ldy + c0 : partial[r];
         }
-        fn(grp, nblk, a, rows, dst);
+        kern.fn(grp, nblk, a, rows, dst, prep);
         if (cols < kGroup)
             for (int r = 0; r < rows; ++r) std::memcpy(y + (r0 + r) * ldy + c0, partial[r], cols * sizeof(float));
     }
@@ -452,19 +525,19 @@ void lp_quantize_rows(const float* x, int64_t ldx, int32_t k, int32_t n_rows, ui
 void lp_qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y, int64_t ldy,
                 int32_t col_begin, int32_t col_end) {
     const int32_t flags = load_i32(w->data + LP_HEADER_FLAGS_OFFSET);
-    const GroupFn fn = group_fn(w->format, flags);
-    if (fn == nullptr) return;
+    const GroupKernel kern = group_kernel(w->format, flags);
+    if (kern.fn == nullptr) return;
     const size_t stride = group_bytes(w->format, flags, w->k);
     const int nblk = w->k / (w->format == LP_W8 ? 16 : 32);
     const size_t row_bytes = acts_bytes(w->k);
     col_end = std::min(col_end, w->n);
     // Row blocks outer, then columns, then row tiles: a group's weights stay in L1 while the
-    // block's row tiles read them, and a block's activations stay in L2 across the groups.
+    // block's row tiles read them, and a block's activations stay in L1 or L2 across the groups.
     const int32_t row_block = std::max<int32_t>(kRowTile, int32_t(kRowBlockBytes / row_bytes) / kRowTile * kRowTile);
     for (int32_t rb = 0; rb < n_rows; rb += row_block) {
         const int32_t rb_end = std::min(n_rows, rb + row_block);
         for (int32_t c0 = col_begin; c0 < col_end; c0 += kGroup)
-            run_group(fn, w->data + LP_HEADER_BYTES + size_t(c0 / kGroup) * stride, nblk, acts, row_bytes, w->k,
+            run_group(kern, w->data + LP_HEADER_BYTES + size_t(c0 / kGroup) * stride, nblk, acts, row_bytes, w->k,
                       rb, rb_end, y, ldy, c0, std::min(kGroup, col_end - c0));
     }
 }
