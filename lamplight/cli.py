@@ -68,10 +68,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--weights", choices=("fast", "reference"), default="fast",
         help="fast: packed 4-bit / bf16 kernels; reference: dequantized float32, slower, closest to the "
              "file's values (default: %(default)s)")
-    add("-ctk", "--cache-type-k", choices=("f32", "f16", "bf16"), default="f32",
-        help="KV cache type for K (default: %(default)s; f16 halves the cache's memory, a little slower on CPU)")
-    add("-ctv", "--cache-type-v", choices=("f32", "f16", "bf16"), default="f32",
-        help="KV cache type for V (default: %(default)s)")
+    add("-ctk", "--cache-type-k", choices=("f32", "f16", "bf16"), default=None,
+        help="KV cache type for K (default: f16 with the native kernels, as llama-server; f32 on PyTorch's "
+             "kernels, which convert half precision slowly on CPU)")
+    add("-ctv", "--cache-type-v", choices=("f32", "f16", "bf16"), default=None,
+        help="KV cache type for V (default: as for K)")
     add("--compile", action="store_true",
         help="compile decode steps with torch.compile at start-up: faster decoding, but minutes more "
              "start-up (up to about four the first time, less once inductor's cache is warm) (default: off)")
@@ -88,10 +89,42 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--slot-save-path", metavar="DIR", help="folder for POST /slots/{id}?action=save|restore")
     add("--spm-infill", action="store_true",
         help="/infill prompts as suffix/prefix/middle (SPM) instead of prefix/suffix/middle")
-    add("-to", "--timeout", type=float, default=3600, help="idle connection timeout in seconds")
+    add("-to", "--timeout", type=float, default=3600,
+        help="seconds to read a request's headers and body, as llama-server's read timeout (default: 3600)")
+    add("--idle-timeout", type=float, default=5.0,
+        help="seconds a connection may stay silent between requests before it is closed; llama-server's "
+             "HTTP library uses 5 (default: %(default)s)")
+    _add_limit_arguments(add)
     add("--sse-ping-interval", type=float, default=30.0,
         help="seconds of silence before an SSE keep-alive comment, <= 0 disables (default: %(default)s)")
     parser.set_defaults(handler=run_serve)
+
+
+# Request limits: (flag, RequestLimits field, help). Each refusal is a 400 naming field and limit.
+_LIMIT_FLAGS = (
+    ("--max-body-size", "max_body_bytes", "largest request body in bytes (413 past it)"),
+    ("--max-request-sequences", "max_sequences", "most prompts x n in one request"),
+    ("--max-stop-strings", "max_stop_strings", "most stop strings in one request"),
+    ("--max-dry-breakers", "max_dry_breakers", "most dry_sequence_breakers in one request"),
+    ("--max-logit-bias", "max_logit_bias", "most logit_bias entries (and tokens they name) in one request"),
+    ("--max-grammar-size", "max_grammar_bytes", "largest grammar or JSON schema in bytes"),
+    ("--max-n-probs", "max_n_probs", "largest n_probs / logprobs / top_logprobs"),
+)
+
+
+def _add_limit_arguments(add) -> None:
+    from lamplight.server.settings import RequestLimits
+
+    defaults = RequestLimits()
+    for flag, name, text in _LIMIT_FLAGS:
+        add(flag, dest=name, type=int, metavar="N", default=getattr(defaults, name),
+            help=f"{text} (default: %(default)s)")
+
+
+def _request_limits(args: argparse.Namespace):
+    from lamplight.server.settings import RequestLimits
+
+    return RequestLimits(**{name: getattr(args, name) for _, name, _ in _LIMIT_FLAGS})
 
 
 def _sampling_defaults(args: argparse.Namespace) -> dict:
@@ -128,7 +161,8 @@ def server_settings(args: argparse.Namespace):
         cors_origins=_comma_list(args.cors_origins) or ("*",), alias=args.alias,
         sampling_defaults=_sampling_defaults(args), n_predict=args.n_predict, n_keep=args.keep,
         slots_endpoint=not args.no_slots, metrics=args.metrics,
-        sse_ping_interval=args.sse_ping_interval, timeout=args.timeout,
+        sse_ping_interval=args.sse_ping_interval, timeout=args.timeout, idle_timeout=args.idle_timeout,
+        limits=_request_limits(args),
         slot_save_path=args.slot_save_path, spm_infill=args.spm_infill,
     )
 
@@ -136,7 +170,7 @@ def server_settings(args: argparse.Namespace):
 def run_serve(args: argparse.Namespace) -> int:
     import lamplight
     from lamplight.server import ServerState
-    from lamplight.server.launcher import build_engine, serve
+    from lamplight.server.launcher import build_engine, memory_line, serve
 
     problem = _startup_problem(args)
     if problem is not None:
@@ -154,7 +188,9 @@ def run_serve(args: argparse.Namespace) -> int:
         loaded = lamplight.load(args.model, chat_template=args.chat_template,
                                 chat_template_file=args.chat_template_file, progress=_say,
                                 fast=args.weights == "fast")
+        _say(f"kernels: {loaded.kernels}")
         engine = build_engine(loaded, options)
+        _say(f"memory: {memory_line(loaded, engine)}")
         for adapter in engine.lora_json():
             _say(f"LoRA adapter {adapter['id']}: {adapter['path']} (scale {adapter['scale']:g})")
         _say(f"model {loaded.name} ready: {engine.n_parallel} slots of {engine.n_ctx_slot} tokens")

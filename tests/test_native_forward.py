@@ -219,7 +219,7 @@ def test_server_serves_on_native_kernels_and_says_so(tmp_path):
     server = serve(loaded, engine)
     try:
         assert engine.cache.k[0].dtype == torch.float16
-        props = httpx.get(f"{server.url}/props").json()
+        props = httpx.get(f"{server.url}/props").json()["lamplight"]
         assert props["kernels"] == loaded.kernels
         assert props["memory_mib"]["weights"] > 0 and props["memory_mib"]["kv_cache"] > 0
         reply = httpx.post(f"{server.url}/completion", json={"prompt": "the", "n_predict": 5}, timeout=60).json()

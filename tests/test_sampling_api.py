@@ -66,7 +66,7 @@ def _longest_repeat(tokens: list[int], n: int = 4) -> int:
 
 
 def test_dry_reduces_verbatim_repetition(client):
-    prompt = "red green blue, red green blue, red green blue, red green blue, red green blue,"
+    prompt = "1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3,"  # greedy goes on repeating it
     body = {"prompt": prompt, "temperature": 0, "n_predict": 40, "return_tokens": True}
     plain = complete(client, **body)["tokens"]
     dry = complete(client, **body, dry_multiplier=2.0, dry_allowed_length=2, dry_penalty_last_n=-1)["tokens"]

@@ -479,7 +479,7 @@ def test_resolve_logit_bias_forms() -> None:
         ({"5": None}, r"logit_bias\['5'\]: the bias must be a number or false"),
         ({"": 1.0}, r"logit_bias: an empty key"),
         ("5", r"logit_bias: expected an array"),
-        ([[1, math.inf]], r"must be finite"),
+        ([[1, math.inf]], r"must be a finite"),
     ],
 )
 def test_resolve_logit_bias_rejects_malformed_entries(raw, message) -> None:

@@ -17,6 +17,7 @@ import contextlib
 import httpx
 
 from lamplight.server import ServerSettings, ServerState, create_app
+from lamplight.server.launcher import connection_options
 
 
 class ServerThread:
@@ -28,7 +29,8 @@ class ServerThread:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(create_app(state), log_level="warning", server_header=False)
+        config = uvicorn.Config(create_app(state), log_level="warning", server_header=False,
+                                **connection_options(state.settings))
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 

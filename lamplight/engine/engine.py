@@ -4,6 +4,12 @@ HTTP handlers call `submit()` (thread-safe) and read events from the returned ha
 event loop; the model never runs on the event loop thread. Each step decodes one token for
 every generating sequence and fills the rest of the step's token budget (`n_ubatch`) with
 prompt chunks of new requests, so a long prompt never stalls running streams.
+
+Modules around this one: scheduler (the waiting queue and fair admission), slots, handle (the
+caller's side of a request), lora_sets, slot_actions (save/restore/erase), views (/slots JSON).
+
+Failures stay with their request: whatever goes wrong while a request starts, samples or
+handles its token ends that request alone with an ErrorEvent; its neighbours go on.
 """
 
 from __future__ import annotations
@@ -12,104 +18,38 @@ import asyncio
 import collections
 import concurrent.futures
 import itertools
+import logging
 import threading
 import time
-from typing import AsyncIterator, Callable
+from typing import Callable
 
 import torch
 
 from ..grammar import fill_masks
 from ..models.base import CausalLM
 from ..models.batch import SequenceChunk, build_forward_batch
-from ..models.lora import LoraAdapter, attach_loras
+from ..models.lora import LoraAdapter
 from ..sampling import SequenceSampler, sample_batch
+from . import slot_actions, views
 from .config import EngineConfig
-from .kv_cache import BlockTable, KVCache
+from .handle import RequestHandle
+from .kv_cache import KVCache
+from .lora_sets import LoraSets, one_lora_set
+from .scheduler import Scheduler
 from .sequence import Sequence, SeqState
-from .slot_files import load_slot, save_slot, write_slot
+from .slot_files import load_slot
+from .slots import Slot, common_prefix
 from .types import (
     ContextExceededError,
     ErrorEvent,
-    Event,
-    FinalEvent,
     GenerationRequest,
     InvalidRequestError,
     PromptProgress,
-    QueueFullError,
 )
 
+__all__ = ["Engine", "RequestHandle", "Slot", "common_prefix"]
 
-class Slot:
-    """A KV sequence of at most n_ctx_slot tokens, keeping its tokens after a request for reuse."""
-
-    def __init__(self, slot_id: int, cache: KVCache):
-        self.id = slot_id
-        self.table = BlockTable(cache)
-        self.cached_tokens: list[int] = []  # tokens whose K/V the table holds
-        self.cached_lora: tuple[float, ...] = ()  # the adapter scales those K/V were computed with
-        self.seq: Sequence | None = None
-        self.last_used = 0.0
-        self.n_prompt_tokens = 0
-        self.id_task = -1
-        self.settings: dict | None = None  # the last request's generation_settings (for /slots)
-
-    @property
-    def is_idle(self) -> bool:
-        return self.seq is None
-
-
-class RequestHandle:
-    """What `submit` returns: the request's events, readable from an asyncio loop."""
-
-    def __init__(self, engine: "Engine", request: GenerationRequest, task_id: int, loop: asyncio.AbstractEventLoop | None):
-        self.engine = engine
-        self.request = request
-        self.task_id = task_id
-        self._loop = loop
-        self._queue: asyncio.Queue[Event] | None = asyncio.Queue() if loop else None
-        self._sync_events: collections.deque[Event] = collections.deque()
-        self._sync_ready = threading.Condition()
-        self.cancelled = False
-        self.lora_key: tuple[float, ...] = ()
-        self.sequences: list[Sequence] = []
-
-    def _push(self, event: Event) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
-        else:
-            with self._sync_ready:
-                self._sync_events.append(event)
-                self._sync_ready.notify()
-
-    async def events(self) -> AsyncIterator[Event]:
-        """Events of all choices; ends after every choice's FinalEvent, or an ErrorEvent."""
-        assert self._queue is not None, "submit() was called outside an event loop: use iter_events()"
-        left = self.request.n_choices
-        while left:
-            event = await self._queue.get()
-            yield event
-            if isinstance(event, ErrorEvent):
-                return
-            if isinstance(event, FinalEvent):
-                left -= 1
-
-    def iter_events(self, timeout: float | None = None):
-        """Blocking variant of `events()` for callers without an event loop (tests, scripts)."""
-        left = self.request.n_choices
-        while left:
-            with self._sync_ready:
-                if not self._sync_events and not self._sync_ready.wait_for(lambda: self._sync_events, timeout):
-                    raise TimeoutError("no event from the engine")
-                event = self._sync_events.popleft()
-            yield event
-            if isinstance(event, ErrorEvent):
-                return
-            if isinstance(event, FinalEvent):
-                left -= 1
-
-    def cancel(self) -> None:
-        self.cancelled = True
-        self.engine._wake()
+log = logging.getLogger("lamplight.engine")
 
 
 class Engine:
@@ -117,8 +57,7 @@ class Engine:
         self, model: CausalLM, tokenizer, config: EngineConfig | None = None, loras: list[LoraAdapter] | None = None
     ):
         self.model = model
-        self.loras = list(loras or [])
-        self.lora_scales = attach_loras(model, self.loras) if self.loras else None
+        self.lora_sets = LoraSets(model, loras)
         self.tokenizer = tokenizer
         self.config = config or EngineConfig()
         self.config.validate()
@@ -138,16 +77,23 @@ class Engine:
             self.compiled = CompiledDecode(model)
             self.compiled.warm_up(self.cache)
         self.slots = [Slot(i, self.cache) for i in range(cfg.n_parallel)]
-        self.waiting: collections.deque[RequestHandle] = collections.deque()
+        self.scheduler = Scheduler(self.slots, cfg.queue_size, cfg.slot_prompt_similarity)
         self.active: list[RequestHandle] = []
-        self._lock = threading.Lock()
         self._wakeup = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
         self._task_ids = itertools.count()
         self._control: collections.deque[tuple[Callable[[], object], concurrent.futures.Future]] = collections.deque()
         self.is_ready = False
-        self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "requests": 0}
+        self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "requests": 0, "failed": 0}
+
+    @property
+    def loras(self) -> list[LoraAdapter]:
+        return self.lora_sets.adapters
+
+    @property
+    def waiting(self) -> collections.deque[RequestHandle]:
+        return self.scheduler.waiting
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -165,22 +111,28 @@ class Engine:
     # -- API for callers -----------------------------------------------------------------------
 
     def submit(self, request: GenerationRequest) -> RequestHandle:
-        self._check_request(request)
+        return self.submit_group([request])[0]
+
+    def submit_group(self, requests: list[GenerationRequest]) -> list[RequestHandle]:
+        """Queue requests that belong together (the prompts of one HTTP request) as one entry of
+        the waiting queue. All or nothing: a bad one raises before any is queued."""
+        for request in requests:
+            self._check_request(request)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        with self._lock:
-            if len(self.waiting) >= self.config.queue_size + self._idle_slot_count():
-                raise QueueFullError("the server is busy: the request queue is full, try again later")
-            handle = RequestHandle(self, request, next(self._task_ids), loop)
-            handle.lora_key = self._lora_key(request)
-            self.waiting.append(handle)
-        self._wake()
-        return handle
 
-    def _idle_slot_count(self) -> int:
-        return sum(1 for s in self.slots if s.is_idle)
+        def make_handles() -> list[RequestHandle]:
+            task_ids = [next(self._task_ids) for _ in requests]
+            handles = [RequestHandle(self, r, task_id, loop, group=task_ids[0]) for r, task_id in zip(requests, task_ids)]
+            for handle in handles:
+                handle.lora_key = self.lora_sets.key(handle.request)
+            return handles
+
+        handles = self.scheduler.enqueue(make_handles)
+        self._wake()
+        return handles
 
     def _check_request(self, request: GenerationRequest) -> None:
         n_prompt = len(request.prompt_tokens)
@@ -196,72 +148,28 @@ class Engine:
             raise InvalidRequestError(f"n must be between 1 and the number of slots ({self.n_parallel})")
         if request.id_slot >= self.n_parallel or request.id_slot < -1:
             raise InvalidRequestError(f"id_slot {request.id_slot} is out of range (the server has {self.n_parallel} slots)")
-        for adapter_id, scale in request.lora or ():
-            if not 0 <= adapter_id < len(self.loras):
-                raise InvalidRequestError(f"lora: no adapter with id {adapter_id} (the server has {len(self.loras)})")
+        self.lora_sets.check(request)
 
     # -- LoRA ----------------------------------------------------------------------------------
 
-    def _lora_key(self, request: GenerationRequest) -> tuple[float, ...]:
-        if request.lora is None:
-            return tuple(a.scale for a in self.loras)
-        scales = [0.0] * len(self.loras)
-        for adapter_id, scale in request.lora:
-            scales[adapter_id] = float(scale)
-        return tuple(scales)
-
     def lora_json(self) -> list[dict]:
-        return [{"id": i, "path": a.path, "scale": a.scale} for i, a in enumerate(self.loras)]
+        return self.lora_sets.json()
 
     def set_lora_scales(self, entries: list[tuple[int, float]]) -> None:
         """Server-wide scales for requests that name none (adapters not listed get 0)."""
-        for adapter_id, _ in entries:
-            if not 0 <= adapter_id < len(self.loras):
-                raise InvalidRequestError(f"no adapter with id {adapter_id} (the server has {len(self.loras)})")
-        new = dict(entries)
-        for i, adapter in enumerate(self.loras):
-            adapter.scale = float(new.get(i, 0.0))
+        self.lora_sets.set_scales(entries)
+
+    # -- views ---------------------------------------------------------------------------------
 
     def kv_usage(self) -> tuple[float, int]:
         """(share of KV blocks in use, tokens the slots hold, running or kept for reuse).
 
         Read without a lock: a metrics scrape may be one step out of date."""
-        used = 1.0 - self.cache.allocator.num_free / self.cache.num_blocks
-        tokens = sum(slot.seq.n_computed if slot.seq is not None else len(slot.cached_tokens) for slot in self.slots)
-        return used, tokens
+        return views.kv_usage(self.cache, self.slots)
 
     def slots_json(self) -> list[dict]:
         """GET /slots: one entry per slot, shaped like llama-server's."""
-        return [self._slot_json(slot) for slot in self.slots]
-
-    # Keys of generation_settings that llama-server leaves out of /slots params.
-    _SLOT_PARAMS_OMIT = ("grammar", "grammar_lazy", "grammar_triggers", "preserved_tokens", "stop", "logit_bias", "dry_sequence_breakers")
-
-    def _slot_json(self, slot: Slot) -> dict:
-        seq = slot.seq
-        entry = {
-            "id": slot.id,
-            "n_ctx": self.n_ctx_slot,
-            "speculative": False,
-            "is_processing": seq is not None,
-            "id_task": slot.id_task,
-            "n_prompt_tokens": slot.n_prompt_tokens,
-            "n_prompt_tokens_processed": seq.n_computed - seq.n_cached if seq else 0,
-            "n_prompt_tokens_cache": seq.n_cached if seq else 0,
-        }
-        settings = slot.settings
-        if settings is not None:
-            entry["params"] = {k: v for k, v in settings.items() if k not in self._SLOT_PARAMS_OMIT}
-        if seq is not None or settings is not None:
-            entry["next_token"] = [
-                {
-                    "has_next_token": seq is not None and seq.state != SeqState.DONE,
-                    "has_new_line": seq is not None and "\n" in seq.text,
-                    "n_remain": seq.request.n_predict - len(seq.generated) if seq and seq.request.n_predict >= 0 else -1,
-                    "n_decoded": len(seq.generated) if seq else 0,
-                }
-            ]
-        return entry
+        return [views.slot_json(slot, self.n_ctx_slot) for slot in self.slots]
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -279,6 +187,7 @@ class Engine:
                 if not self._step():
                     self._wakeup.wait(timeout=0.5)
             except Exception as exc:  # never let the loop die: fail the running requests instead
+                log.exception("engine step failed")
                 self._fail_all(f"internal error in the engine: {exc!r}")
 
     # -- slot files (run on the engine thread, between steps) ---------------------------------
@@ -302,96 +211,47 @@ class Engine:
     def fingerprint(self) -> str:
         return repr(self.model.config)
 
-    def _idle_slot(self, slot_id: int) -> Slot:
-        if not 0 <= slot_id < self.n_parallel:
-            raise InvalidRequestError(f"slot {slot_id} does not exist (the server has {self.n_parallel} slots)")
-        slot = self.slots[slot_id]
-        if not slot.is_idle:
-            raise InvalidRequestError(f"slot {slot_id} is busy processing a request")
-        return slot
-
     def save_slot(self, slot_id: int, path: str) -> dict:
-        def save() -> dict:
-            slot = self._idle_slot(slot_id)
-            start = time.perf_counter()
-            n_bytes = save_slot(path, self.cache, slot.table, slot.cached_tokens, slot.cached_lora, self.fingerprint)
-            return {"n_saved": len(slot.cached_tokens), "n_written": n_bytes, "ms": (time.perf_counter() - start) * 1e3}
-
-        return self.call_on_engine(save)
+        return self.call_on_engine(
+            lambda: slot_actions.save_to_file(slot_actions.idle_slot(self.slots, slot_id), self.cache, path, self.fingerprint))
 
     def restore_slot(self, slot_id: int, path: str) -> dict:
         data = load_slot(path, self.fingerprint, self.n_ctx_slot)
-
-        def restore() -> dict:
-            slot = self._idle_slot(slot_id)
-            start = time.perf_counter()
-            write_slot(self.cache, slot.table, data)
-            slot.cached_tokens = list(data["tokens"])
-            slot.cached_lora = tuple(data["lora"])
-            return {"n_restored": len(slot.cached_tokens), "ms": (time.perf_counter() - start) * 1e3}
-
-        return self.call_on_engine(restore)
+        return self.call_on_engine(
+            lambda: slot_actions.restore_from(slot_actions.idle_slot(self.slots, slot_id), self.cache, data))
 
     def erase_slot(self, slot_id: int) -> dict:
-        def erase() -> dict:
-            slot = self._idle_slot(slot_id)
-            n = len(slot.cached_tokens)
-            slot.table.release()
-            slot.cached_tokens = []
-            return {"n_erased": n}
+        return self.call_on_engine(lambda: slot_actions.erase(slot_actions.idle_slot(self.slots, slot_id)))
 
-        return self.call_on_engine(erase)
+    # -- failures ------------------------------------------------------------------------------
+
+    def _fail(self, handle: RequestHandle, message: str) -> None:
+        """End one request with an error; its slots are freed, everything else goes on."""
+        self.stats["failed"] += 1
+        for seq in handle.sequences:
+            seq.state = SeqState.DONE
+            seq.reported = True
+        handle._push(ErrorEvent(0, message))
+        self._release(handle)
 
     def _fail_all(self, message: str) -> None:
         for handle in list(self.active):
-            handle._push(ErrorEvent(0, message))
-            self._release(handle)
+            self._fail(handle, message)
 
     def _drop_cancelled(self) -> None:
-        with self._lock:
-            for handle in [h for h in self.waiting if h.cancelled]:
-                self.waiting.remove(handle)
+        self.scheduler.drop_cancelled()
         for handle in [h for h in self.active if h.cancelled]:
             self._release(handle)
 
-    # -- admission and slot choice -------------------------------------------------------------
+    # -- admission -----------------------------------------------------------------------------
 
     def _admit_waiting(self) -> None:
-        with self._lock:
-            pending = list(self.waiting)
-        for handle in pending:
-            slots = self._choose_slots(handle.request, handle.lora_key)
-            if slots is None:
-                continue  # this one waits (its forced slot is busy, or too few idle slots)
-            with self._lock:
-                self.waiting.remove(handle)
-            self._start(handle, slots)
-
-    def _choose_slots(self, request: GenerationRequest, lora_key: tuple[float, ...]) -> list[Slot] | None:
-        idle = [s for s in self.slots if s.is_idle]
-        if request.id_slot >= 0:
-            first = self.slots[request.id_slot]
-            if not first.is_idle:
-                return None
-        else:
-            if not idle:
-                return None
-            first = self._best_slot(idle, request.prompt_tokens, lora_key)
-        others = sorted((s for s in idle if s is not first), key=lambda s: s.last_used)
-        if len(others) < request.n_choices - 1:
-            return None
-        return [first] + others[: request.n_choices - 1]
-
-    def _best_slot(self, idle: list[Slot], prompt: list[int], lora_key: tuple[float, ...]) -> Slot:
-        threshold = self.config.slot_prompt_similarity
-        best, best_ratio = None, 0.0
-        for slot in idle:
-            if slot.cached_lora != lora_key:
-                continue
-            ratio = common_prefix(slot.cached_tokens, prompt) / len(prompt)
-            if ratio > threshold and ratio > best_ratio:
-                best, best_ratio = slot, ratio
-        return best or min(idle, key=lambda s: s.last_used)
+        for handle, slots in self.scheduler.admissions():
+            try:
+                self._start(handle, slots)
+            except Exception as exc:
+                log.exception("request %d failed to start", handle.task_id)
+                self._fail(handle, f"the request failed to start: {exc!r}")
 
     def _start(self, handle: RequestHandle, slots: list[Slot]) -> None:
         request = handle.request
@@ -403,6 +263,7 @@ class Engine:
                 n_ctx=self.n_ctx_slot,
                 choice_index=choice,
                 eog_ids=frozenset(self.tokenizer.eog_ids),
+                breakers=request.dry_breakers,
             )
             seq = Sequence(
                 request, choice, slot.id, slot.table, sampler, self.tokenizer, self.n_ctx_slot, self.config.context_shift
@@ -441,13 +302,8 @@ class Engine:
         if not plan:
             self._finish_done()
             return False
-        chunks = [chunk for _, chunk in plan]
-        if self.lora_scales is not None:
-            self.lora_scales.scales = list(plan[0][0].handle.lora_key)
-        if self.compiled is not None:
-            logits = self.compiled.run(chunks, self.cache)
-        else:
-            logits = self.model(build_forward_batch(chunks, device=self.config.device), self.cache)
+        self.lora_sets.use(plan[0][0].handle.lora_key)
+        plan, logits = self._forward(plan)
         self.stats["steps"] += 1
         sampled_seqs = []
         rows = []
@@ -458,7 +314,7 @@ class Engine:
                 self.stats["prompt_tokens"] += len(chunk.token_ids)
                 self._progress(seq)
             if chunk.need_logits:
-                for target in self._sampling_targets(seq):
+                for target in self._guarded(seq.handle, self._sampling_targets, seq, default=[]):
                     sampled_seqs.append(target)
                     rows.append(row)
                 row += 1
@@ -466,6 +322,43 @@ class Engine:
             self._sample_and_process(logits[rows], sampled_seqs)
         self._finish_done()
         return True
+
+    def _guarded(self, handle: RequestHandle, fn: Callable, *args, default=None):
+        """fn(*args), but an exception fails `handle`'s request alone (and returns `default`)."""
+        if handle.failed:
+            return default
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self._fail_for(handle, exc)
+            return default
+
+    def _fail_for(self, handle: RequestHandle, exc: Exception) -> None:
+        log.error("request %d failed in the engine", handle.task_id, exc_info=exc)
+        self._fail(handle, f"internal error in the engine: {exc!r}")
+
+    def _run_model(self, chunks: list[SequenceChunk]) -> torch.Tensor:
+        if self.compiled is not None:
+            return self.compiled.run(chunks, self.cache)
+        return self.model(build_forward_batch(chunks, device=self.config.device), self.cache)
+
+    def _forward(self, plan: list[tuple[Sequence, SequenceChunk]]) -> tuple[list, torch.Tensor | None]:
+        """The step's logits, one row per chunk that needs them, and the plan entries they are for.
+        If the batch fails, each sequence runs alone so that only the one(s) at fault fail (their
+        K/V slots are their own, so running a chunk again rewrites the same values)."""
+        try:
+            return plan, self._run_model([chunk for _, chunk in plan])
+        except Exception as exc:
+            if len(plan) == 1:
+                self._fail_for(plan[0][0].handle, exc)
+                return [], None
+        kept, rows = [], []
+        for seq, chunk in plan:
+            logits = self._guarded(seq.handle, self._run_model, [chunk])
+            if logits is not None:
+                kept.append((seq, chunk))
+                rows.append(logits)
+        return kept, torch.cat(rows) if rows else None
 
     def _plan_step(self) -> list[tuple[Sequence, SequenceChunk]]:
         budget = self.config.n_ubatch
@@ -512,18 +405,10 @@ class Engine:
         seq.apply_context_shift(n_keep, n_discard)
 
     def _sequences_of_one_lora_set(self) -> list[Sequence]:
-        """Running sequences that share adapter scales with each other: one set per step.
-
-        Different sets take turns, step by step, so none waits for another to finish.
-        """
         runnable = [
             seq for handle in self.active for seq in handle.sequences if seq.state in (SeqState.DECODE, SeqState.PREFILL)
         ]
-        keys = list(dict.fromkeys(seq.handle.lora_key for seq in runnable))
-        if len(keys) <= 1:
-            return runnable
-        key = keys[self.stats["steps"] % len(keys)]
-        return [seq for seq in runnable if seq.handle.lora_key == key]
+        return one_lora_set(runnable, self.stats["steps"])
 
     def _decode_chunk(self, seq: Sequence) -> SequenceChunk:
         pos = seq.n_computed
@@ -563,16 +448,31 @@ class Engine:
             handle._push(PromptProgress(seq.choice, seq.n_prompt, seq.n_cached, seq.table.num_tokens, elapsed))
 
     def _sample_and_process(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        try:
+            tokens, probs = self._sample(logits, seqs)
+        except Exception:
+            # Find the row at fault: each sequence samples alone, a failure ends its request only.
+            tokens, probs = [], []
+            for i, seq in enumerate(seqs):
+                one = self._guarded(seq.handle, self._sample, logits[i : i + 1], [seq])
+                tokens.append(one[0][0] if one else None)
+                probs.append(one[1][0] if one else None)
+        for seq, token, prob in zip(seqs, tokens, probs):
+            if token is None or seq.handle.failed:
+                continue
+            event = self._guarded(seq.handle, seq.on_token, token, prob)
+            if event is not None:
+                self.stats["generated_tokens"] += 1
+                seq.handle._push(event)
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list]:
         # Grammar masks go before the whole chain, so every sampler chooses among allowed tokens.
         masks = fill_masks([s.grammar for s in seqs], logits.shape[-1])
         if masks is not None:
             masks = masks.to(logits.device)
         result = sample_batch(logits, [s.sampler for s in seqs], allowed_mask=masks)
-        for i, seq in enumerate(seqs):
-            prob = result.probs[i] if result.probs else None
-            event = seq.on_token(result.token_ids[i], prob)
-            self.stats["generated_tokens"] += 1
-            seq.handle._push(event)
+        probs = result.probs if result.probs else [None] * len(seqs)
+        return list(result.token_ids), list(probs)
 
     def _finish_done(self) -> None:
         for handle in list(self.active):
@@ -624,11 +524,3 @@ def check_kv_fits(layout, num_tokens: int, cfg: EngineConfig) -> None:
             f"the KV cache for {cfg.n_parallel} slots x {cfg.n_ctx_slot} tokens needs {need / 2**30:.2f} GiB, "
             f"but only {free / 2**30:.2f} GiB is available: lower --ctx-size or --parallel"
         )
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

@@ -49,6 +49,9 @@ class GenerationRequest:
     t_max_predict_ms: float = -1.0
     # Constrained decoding (lamplight.grammar.CompiledGrammar): each choice gets its own matcher.
     grammar: Any = None
+    # DRY's sequence breakers as a lamplight.sampling.dry.BreakerTable, built before submitting
+    # (it walks the vocabulary); None: the engine builds it when the request starts.
+    dry_breakers: Any = None
     # The request's effective parameters as the server reports them (generation_settings); the
     # engine only echoes them in /slots.
     settings: dict | None = None

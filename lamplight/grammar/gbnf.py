@@ -8,6 +8,9 @@ from typing import NoReturn, Union
 from .errors import GrammarError
 
 MAX_REPETITION = 2000  # llama.cpp's MAX_REPETITION_THRESHOLD
+# Parenthesised groups inside groups. llama.cpp has no limit (its parser recurses on the C++
+# stack); ours and the conversion to Lark recurse in Python, so deeper grammars are refused.
+MAX_NESTING = 64
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,7 @@ class _Parser:
     def __init__(self, source: str):
         self.src = source
         self.pos = 0
+        self.depth = 0  # open groups around the current position
 
     def parse_rules(self) -> Rules:
         rules: Rules = {}
@@ -184,12 +188,16 @@ class _Parser:
         return TokenRef(spelling, negated)
 
     def parse_group(self) -> Group:
+        if self.depth >= MAX_NESTING:
+            self.fail(f"groups nested more than {MAX_NESTING} deep")
         self.pos += 1
+        self.depth += 1
         self.skip_space(newline_ok=True)
         group = self.parse_alternates(nested=True)
         if self.peek() != ")":
             self.fail("expecting ')'")
         self.pos += 1
+        self.depth -= 1
         return group
 
     def parse_repetition(self, node: Node, nested: bool) -> Repeat:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import weakref
 from bisect import bisect_left
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -73,6 +73,7 @@ class BreakerTable:
         key = tuple(breakers)
         cache = _table_cache(tokenizer)
         if cache is not None and key in cache:
+            cache.move_to_end(key)
             return cache[key]
         words = _vocab_bytes(tokenizer)
         tails: dict[int, list[tuple[int, ...]]] = defaultdict(list)
@@ -83,6 +84,8 @@ class BreakerTable:
         table = cls({head: tuple(found) for head, found in tails.items()})
         if cache is not None:
             cache[key] = table
+            while len(cache) > MAX_CACHED_TABLES:  # requests choose breakers freely: keep the recent ones
+                cache.popitem(last=False)
         return table
 
 
@@ -117,7 +120,8 @@ def _add_tail(tails: dict[int, list[tuple[int, ...]]], head: int, tail: tuple[in
 
 
 _VOCAB_CACHE: weakref.WeakKeyDictionary[Any, list[bytes]] = weakref.WeakKeyDictionary()
-_TABLES: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], BreakerTable]] = weakref.WeakKeyDictionary()
+_TABLES: weakref.WeakKeyDictionary[Any, OrderedDict[tuple[str, ...], BreakerTable]] = weakref.WeakKeyDictionary()
+MAX_CACHED_TABLES = 64
 
 
 def _vocab_size(tokenizer: Any) -> int:
@@ -141,9 +145,9 @@ def _vocab_bytes(tokenizer: BreakerTokenizer) -> list[bytes]:
     return words
 
 
-def _table_cache(tokenizer: Any) -> dict[tuple[str, ...], BreakerTable] | None:
+def _table_cache(tokenizer: Any) -> OrderedDict[tuple[str, ...], BreakerTable] | None:
     try:
-        return _TABLES.setdefault(tokenizer, {})
+        return _TABLES.setdefault(tokenizer, OrderedDict())
     except TypeError:
         return None
 

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 import torch
 
+FLOAT32_MAX = 3.4028234663852886e38
 _INTEGER_KEY = re.compile(r"\s*[+-]?[0-9]+")  # what strtol reads whole, as llama.cpp parses object keys
 
 
@@ -65,8 +66,9 @@ def _bias_value(value: Any, where: str) -> float:
         return -math.inf
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{where}: the bias must be a number or false (ban), got {value!r}")
-    if math.isnan(value) or value == math.inf:
-        raise ValueError(f"{where}: the bias must be finite (or false to ban), got {value!r}")
+    if math.isnan(value) or value == math.inf or (math.isfinite(value) and abs(value) > FLOAT32_MAX):
+        # float32, as the logits: 1e308 would turn into inf there (and in the JSON echo).
+        raise ValueError(f"{where}: the bias must be a finite float32 number (or false or -inf to ban), got {value!r}")
     return float(value)
 
 

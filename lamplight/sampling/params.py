@@ -20,6 +20,9 @@ DEFAULT_SAMPLERS: tuple[str, ...] = (
 )
 DEFAULT_DRY_SEQUENCE_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")
 
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+
 # Seed value that asks for a random seed (llama.cpp's LLAMA_DEFAULT_SEED, also written as -1).
 RANDOM_SEED = 0xFFFFFFFF
 
@@ -187,24 +190,27 @@ class SamplingParams:
                 raise ValueError(f"logit_bias: token ids must be integers, got {token!r}")
             if isinstance(bias, bool) or not isinstance(bias, (int, float)):
                 raise ValueError(f"logit_bias: bias for token {token} must be a number, got {bias!r}")
-            if math.isnan(bias) or bias == math.inf:
-                raise ValueError(f"logit_bias: bias for token {token} must be finite or -inf, got {bias!r}")
+            if math.isnan(bias) or bias == math.inf or (math.isfinite(bias) and abs(bias) > FLOAT32_MAX):
+                raise ValueError(f"logit_bias: bias for token {token} must be finite in float32 or -inf, got {bias!r}")
 
 
 def _finite(params: SamplingParams, name: str, minimum: float | None = None, maximum: float | None = None) -> None:
+    """A number that stays finite in float32, the precision sampling runs in."""
     value = getattr(params, name)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name}: must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name}: must be finite, got {value}")
+    if not math.isfinite(value) or abs(value) > FLOAT32_MAX:
+        raise ValueError(f"{name}: must be finite in float32 (|x| <= {FLOAT32_MAX:.7g}), got {value}")
     _in_range(name, value, minimum, maximum)
 
 
 def _integer(params: SamplingParams, name: str, minimum: int | None = None, maximum: int | None = None) -> None:
+    """An integer in [minimum, maximum]; where a bound is not given, within int32 (as llama.cpp's
+    fields are; a larger value would overflow the int64 tensors the samplers build)."""
     value = getattr(params, name)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name}: must be an integer, got {value!r}")
-    _in_range(name, value, minimum, maximum)
+    _in_range(name, value, INT32_MIN if minimum is None else minimum, INT32_MAX if maximum is None else maximum)
 
 
 def _boolean(params: SamplingParams, name: str) -> None:

@@ -30,7 +30,10 @@ class SequenceSampler:
         n_ctx: int,
         choice_index: int = 0,
         eog_ids: frozenset[int] = frozenset(),
+        breakers: BreakerTable | None = None,
     ) -> None:
+        """`breakers`: DRY's breaker table when the caller built it already (it walks the
+        vocabulary, so a server builds it before the request reaches the engine thread)."""
         params.validate()
         self.params = params
         self.seed = effective_seed(params.seed)
@@ -43,7 +46,7 @@ class SequenceSampler:
             self.logit_bias += [(token, -math.inf) for token in sorted(eog_ids)]
         self.program: tuple[str | None, ...] = _program(params)
         self.penalty_window = _penalty_window(params, n_ctx) if "penalties" in self.program else None
-        self.dry = _dry_state(params, tokenizer, n_ctx) if "dry" in self.program else None
+        self.dry = _dry_state(params, tokenizer, n_ctx, breakers) if "dry" in self.program else None
 
     def accept(self, token_id: int, is_generated: bool = True) -> None:
         """Record a token of the sequence: a prompt token (is_generated=False) or a generated one."""
@@ -89,6 +92,11 @@ class SequenceSampler:
         self._pending_mu = (token_id, updated_mu(self.mu, p.mirostat_tau, p.mirostat_eta, probability))
 
 
+def uses_dry(params: SamplingParams) -> bool:
+    """Whether DRY runs for these parameters (then it needs a breaker table)."""
+    return "dry" in _program(params)
+
+
 def _program(params: SamplingParams) -> tuple[str | None, ...]:
     """The row's chain after logit_bias; a sampler its parameters disable is None (identity)."""
     if params.mirostat:
@@ -128,11 +136,13 @@ def _penalty_window(params: SamplingParams, n_ctx: int) -> PenaltyWindow:
     return PenaltyWindow(_window_size(params.repeat_last_n, n_ctx))
 
 
-def _dry_state(params: SamplingParams, tokenizer: Any, n_ctx: int) -> DryState:
-    if tokenizer is None:
-        raise ValueError("dry_multiplier: DRY needs the model's tokenizer for its sequence breakers")
+def _dry_state(params: SamplingParams, tokenizer: Any, n_ctx: int, breakers: BreakerTable | None) -> DryState:
+    if breakers is None:
+        if tokenizer is None:
+            raise ValueError("dry_multiplier: DRY needs the model's tokenizer for its sequence breakers")
+        breakers = BreakerTable.for_tokenizer(tokenizer, params.dry_sequence_breakers)
     return DryState(
-        BreakerTable.for_tokenizer(tokenizer, params.dry_sequence_breakers),
+        breakers,
         multiplier=params.dry_multiplier,
         base=params.dry_base,
         allowed_length=params.dry_allowed_length,

@@ -13,6 +13,7 @@ from starlette.responses import Response
 from lamplight.engine.types import FinalEvent
 
 from .chat_prompt import render_chat_prompt
+from .errors import field_error, invalid_request
 from .generation import GenerationRun, collect_unless_disconnected
 from .generation_settings import generation_settings, lora_scales
 from .json_io import json_response
@@ -37,6 +38,24 @@ PromptBuilder = Callable[[ServerState, dict], list[list[int]]]
 
 def prepare_completion(state: ServerState, body: dict, endpoint: Endpoint,
                        build_prompts: PromptBuilder | None = None) -> PreparedCompletion:
+    try:
+        prepared = _prepare(state, body, endpoint, build_prompts)
+    except RecursionError:  # the last guard: a value nested too deeply for some parser on the way
+        raise invalid_request("the request is nested too deeply to process") from None
+    _check_size(prepared, state.settings.limits.max_sequences)
+    return prepared
+
+
+def _check_size(prepared: PreparedCompletion, limit: int) -> None:
+    """A request runs prompts x n sequences; past the limit it could never be served well."""
+    n_prompts, n = len(prepared.prompts), prepared.params.n_choices
+    if n_prompts * n > limit:
+        raise field_error("prompt", f"{n_prompts} prompts x n={n} make {n_prompts * n} sequences, more than the limit "
+                                    f"of {limit} per request (--max-request-sequences)")
+
+
+def _prepare(state: ServerState, body: dict, endpoint: Endpoint,
+             build_prompts: PromptBuilder | None) -> PreparedCompletion:
     tokenizer = state.model.tokenizer
     chat_template = state.model.chat_template if endpoint is Endpoint.CHAT else None
     params = parse_generation_params(body, endpoint, state.settings, tokenizer, state.engine.n_parallel,

@@ -7,6 +7,7 @@ Never silently unconstrained: a keyword the grammar engine cannot enforce is a 4
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -51,7 +52,20 @@ def resolve_constraint(fields: Fields, is_chat: bool, compiler: Callable[[], Gra
             return Constraint(compiler().compile_json_schema(format_schema))
     except GrammarError as error:
         raise field_error(sources[0], str(error)) from None
+    except RecursionError:
+        raise field_error(sources[0], "nested too deeply to compile") from None
     return Constraint()
+
+
+def check_grammar_size(fields: Fields, limit: int) -> None:
+    """`grammar` text and JSON schemas are compiled in the request's thread; bound that work."""
+    grammar = fields.raw("grammar")
+    if isinstance(grammar, str) and len(grammar.encode("utf-8", "surrogatepass")) > limit:
+        raise field_error("grammar", f"at most {limit} bytes (--max-grammar-size)")
+    for name in ("json_schema", "response_format"):
+        value = fields.raw(name)
+        if isinstance(value, (dict, list)) and len(json.dumps(value, ensure_ascii=False)) > limit:
+            raise field_error(name, f"the schema may have at most {limit} bytes of JSON (--max-grammar-size)")
 
 
 def _json_schema(fields: Fields) -> Any:

@@ -15,6 +15,8 @@ ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    408: "invalid_request_error",
+    413: "invalid_request_error",
     500: "server_error",
     501: "not_supported_error",
     503: "unavailable_error",
@@ -44,6 +46,14 @@ def invalid_request(message: str) -> ApiError:
 
 def field_error(name: str, reason: str) -> ApiError:
     return ApiError(400, f"Field '{name}': {reason}")
+
+
+def body_too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the request body is larger than the limit of {limit} bytes (--max-body-size)")
+
+
+def body_too_slow(timeout: float) -> ApiError:
+    return ApiError(408, f"the request body did not arrive within {timeout:g} seconds (--timeout)")
 
 
 def not_found() -> ApiError:

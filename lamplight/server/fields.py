@@ -11,6 +11,10 @@ from typing import Any
 from .errors import ApiError, field_error
 
 INT32_MAX = 2**31 - 1
+INT32_MIN = -(2**31)
+# Sampling runs in float32: a larger finite double (1e308) would become inf there, and inf cannot
+# be echoed in JSON. So a number field holds what float32 holds.
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _fmt(value: float) -> str:
@@ -57,6 +61,8 @@ class Fields:
             raise field_error(name, f"{expected}, got {value!r}")
         if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
             raise field_error(name, f"{expected}, got {_fmt(value)}")
+        if abs(value) > FLOAT32_MAX:
+            raise field_error(name, f"must be a number within float32's range (|x| <= {FLOAT32_MAX:.7g}), got {value!r}")
         return float(value)
 
     def positive_number(self, name: str, default: float) -> float:
@@ -67,6 +73,7 @@ class Fields:
 
     def integer(self, name: str, default: int, minimum: int | None = None,
                 maximum: int | None = None) -> int:
+        """An integer; without stated bounds, one that fits int32 (as llama.cpp's fields do)."""
         value = self.body.get(name)
         if value is None:
             return default
@@ -78,6 +85,8 @@ class Fields:
             raise field_error(name, f"{expected}, got {value!r}")
         if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
             raise field_error(name, f"{expected}, got {value}")
+        if (maximum is None and value > INT32_MAX) or (minimum is None and value < INT32_MIN):
+            raise field_error(name, f"{expected} that fits int32 [{INT32_MIN}, {INT32_MAX}], got {value}")
         return value
 
     def boolean(self, name: str, default: bool) -> bool:

@@ -55,18 +55,17 @@ class GenerationRun:
     @classmethod
     def submit(cls, engine: Any, params: GenerationParams, prompts: list[list[int]],
                observer: Any = None) -> "GenerationRun":
-        """Submit every prompt (on the event loop thread: handles deliver events to this loop)."""
-        handles: list[Any] = []
+        """Submit every prompt (on the event loop thread: handles deliver events to this loop), as
+        one entry of the engine's queue: all of them are queued, or none (an EngineError)."""
+        requests = [params.request_for(prompt) for prompt in prompts if prompt]
         try:
-            for prompt in prompts:
-                if prompt:
-                    handles.append(engine.submit(params.request_for(prompt)))
-                else:
-                    handles.append(EmptyPromptHandle(params.n_choices))
+            if hasattr(engine, "submit_group"):
+                queued = iter(engine.submit_group(requests) if requests else [])
+            else:  # an engine stand-in without groups
+                queued = iter(_submit_each(engine, requests))
         except EngineError as exc:
-            for handle in handles:
-                handle.cancel()
             raise from_engine_error(exc) from None
+        handles = [next(queued) if prompt else EmptyPromptHandle(params.n_choices) for prompt in prompts]
         return cls(handles, params.n_choices, observer)
 
     async def _pump(self, prompt_index: int, handle: Any) -> None:
@@ -110,6 +109,18 @@ class GenerationRun:
             handle.cancel()
         for pump in self._pumps:
             pump.cancel()
+
+
+def _submit_each(engine: Any, requests: list) -> list[Any]:
+    handles: list[Any] = []
+    try:
+        for request in requests:
+            handles.append(engine.submit(request))
+    except EngineError:
+        for handle in handles:
+            handle.cancel()
+        raise
+    return handles
 
 
 async def wait_for_disconnect(request: Request) -> None:

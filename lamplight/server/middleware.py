@@ -1,18 +1,20 @@
 """llama-server's pre-routing rules, in its order: CORS headers -> OPTIONS preflight answered ->
-503 while the model loads -> API key. Every response also gets `Server: lamplight`.
+503 while the model loads -> API key; then the body's limits (size: 413, read deadline: 408).
+Every response also gets `Server: lamplight`.
 
 A plain ASGI middleware (not BaseHTTPMiddleware) so streaming responses pass straight through.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import ApiError, invalid_api_key, model_loading
+from .errors import ApiError, body_too_large, body_too_slow, invalid_api_key, model_loading
 from .state import ServerState
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
@@ -48,7 +50,7 @@ class HttpPolicyMiddleware:
             elif scope["method"] == "OPTIONS":
                 await self._preflight(scope, receive, send_with_headers, request_headers)
             else:
-                await self.app(scope, receive, send_with_headers)
+                await self.app(scope, self._limited_receive(receive), send_with_headers)
         except Exception as exc:  # the last resort: a JSON 500 instead of a bare connection error
             log.exception("unhandled error on %s %s", scope["method"], scope["path"])
             if not started:
@@ -61,7 +63,39 @@ class HttpPolicyMiddleware:
             return model_loading()
         if self.state.settings.api_keys and scope["path"] not in PUBLIC_PATHS and not self._authorized(headers):
             return invalid_api_key()
+        limit = self.state.settings.limits.max_body_bytes
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            return body_too_large(limit)
         return None
+
+    def _limited_receive(self, receive: Receive) -> Receive:
+        """`receive`, but the body must stay within the size limit and arrive within `-to`
+        seconds (a trickling client times out; it never holds anyone else up)."""
+        limit = self.state.settings.limits.max_body_bytes
+        timeout = self.state.settings.timeout
+        received = 0
+        deadline: float | None = None
+        body_done = False
+
+        async def limited() -> Message:
+            nonlocal received, deadline, body_done
+            if body_done:  # after the body: disconnect notices, which may come at any time
+                return await receive()
+            loop = asyncio.get_running_loop()
+            deadline = deadline or loop.time() + timeout
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.0))
+            except asyncio.TimeoutError:
+                raise body_too_slow(timeout) from None
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise body_too_large(limit)
+                body_done = not message.get("more_body", False)
+            return message
+
+        return limited
 
     def _authorized(self, headers: Headers) -> bool:
         """`Authorization: Bearer <key>` (OpenAI) or `X-Api-Key: <key>` (Anthropic)."""

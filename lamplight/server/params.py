@@ -12,13 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lamplight.engine.types import GenerationRequest
+from lamplight.sampling.dry import BreakerTable
 from lamplight.sampling.logit_bias import resolve_logit_bias
 from lamplight.sampling.params import SamplingParams, effective_seed, parse_samplers
+from lamplight.sampling.sequence import uses_dry
 
-from .constraints import resolve_constraint
+from .constraints import check_grammar_size, resolve_constraint
 from .errors import ApiError, field_error, invalid_request
 from .fields import INT32_MAX, Fields, value_error_as_field_error
-from .settings import ServerSettings
+from .settings import RequestLimits, ServerSettings
 
 UINT32_MAX = 0xFFFFFFFF
 DEFAULT_TOP_LOGPROBS = 20  # llama-server's default when a chat request sets `logprobs: true`
@@ -92,6 +94,7 @@ class GenerationParams:
     grammar: Any = None  # lamplight.grammar.CompiledGrammar
     grammar_text: str = ""
     tool_plan: Any = None  # lamplight.tools.ToolPlan: chat requests with `tools`
+    dry_breakers: Any = None  # lamplight.sampling.dry.BreakerTable when DRY runs
 
     @property
     def n_probs(self) -> int:
@@ -114,6 +117,7 @@ class GenerationParams:
             t_max_predict_ms=self.t_max_predict_ms,
             settings=self.settings_echo,
             grammar=self.grammar,
+            dry_breakers=self.dry_breakers,
         )
 
 
@@ -127,7 +131,9 @@ def parse_generation_params(body: dict, endpoint: Endpoint, settings: ServerSett
     """`grammar_compiler`: a callable returning the model's GrammarCompiler (made on first use).
     `chat_template`: the model's ChatTemplate, which decides the tool-call format (chat only)."""
     fields = Fields(body)
+    limits = settings.limits
     reject_unsupported_inputs(fields)
+    check_grammar_size(fields, limits.max_grammar_bytes)
     constraint = resolve_constraint(fields, endpoint is Endpoint.CHAT, grammar_compiler or _no_grammars,
                                     chat_template, tokenizer)
     sampling = _sampling(fields, settings, tokenizer, endpoint)
@@ -136,7 +142,7 @@ def parse_generation_params(body: dict, endpoint: Endpoint, settings: ServerSett
         sampling=sampling,
         seed=effective_seed(sampling.seed),
         n_predict=_n_predict(fields, settings),
-        stop=fields.string_list("stop", [], allow_single=True),
+        stop=_stop_strings(fields, limits),
         n_choices=_n_choices(fields, n_parallel),
         cache_prompt=fields.boolean("cache_prompt", True),
         id_slot=fields.integer("id_slot", -1, minimum=-1),
@@ -154,13 +160,32 @@ def parse_generation_params(body: dict, endpoint: Endpoint, settings: ServerSett
         grammar=constraint.grammar,
         grammar_text=constraint.echo,
         tool_plan=constraint.tool_plan,
+        dry_breakers=_dry_breakers(sampling, tokenizer),
     )
     fields.integer("n_cache_reuse", 0, minimum=0)  # accepted; chunk reuse is not implemented
     if endpoint is Endpoint.CHAT:
-        _chat_logprobs(fields, params)
+        _chat_logprobs(fields, params, limits.max_n_probs)
     elif endpoint is Endpoint.COMPLETIONS:
         params.logprobs = params.n_probs > 0
     return params
+
+
+def _dry_breakers(sampling: SamplingParams, tokenizer: Any) -> Any:
+    """DRY's breaker table, built here in the request's thread: it walks the vocabulary once per
+    breaker, which would hold up every stream if the engine thread did it."""
+    if not uses_dry(sampling):
+        return None
+    return BreakerTable.for_tokenizer(tokenizer, sampling.dry_sequence_breakers)
+
+
+def _stop_strings(fields: Fields, limits: RequestLimits) -> list[str]:
+    stop = fields.string_list("stop", [], allow_single=True)
+    if len(stop) > limits.max_stop_strings:
+        raise field_error("stop", f"at most {limits.max_stop_strings} stop strings (--max-stop-strings), got {len(stop)}")
+    longest = max(map(len, stop), default=0)
+    if longest > limits.max_stop_chars:
+        raise field_error("stop", f"a stop string may have at most {limits.max_stop_chars} characters, got {longest}")
+    return stop
 
 
 def _no_grammars():
@@ -176,31 +201,47 @@ def _sampling(fields: Fields, settings: ServerSettings, tokenizer: Any, endpoint
     params = default_sampling(settings)
     for name, reader, options in _SAMPLING_FIELDS:
         setattr(params, name, getattr(fields, reader)(name, getattr(params, name), **options))
+    limits = settings.limits
     params.dry_sequence_breakers = fields.string_list(
         "dry_sequence_breakers", params.dry_sequence_breakers, non_empty=True)
-    params.n_probs = _n_probs(fields, endpoint)
+    if len(params.dry_sequence_breakers) > limits.max_dry_breakers:
+        raise field_error("dry_sequence_breakers", f"at most {limits.max_dry_breakers} breakers (--max-dry-breakers), "
+                                                   f"got {len(params.dry_sequence_breakers)}")
+    params.n_probs = _n_probs(fields, endpoint, limits.max_n_probs)
     try:
         if fields.given("samplers"):
             params.samplers = parse_samplers(fields.raw("samplers"))
         if fields.given("logit_bias"):
-            params.logit_bias = resolve_logit_bias(fields.raw("logit_bias"), tokenizer, tokenizer.vocab_size)
+            params.logit_bias = _logit_bias(fields, tokenizer, limits.max_logit_bias)
         params.validate()
     except ValueError as exc:
         raise value_error_as_field_error(exc) from None
     return params
 
 
-def _n_probs(fields: Fields, endpoint: Endpoint) -> int:
+def _logit_bias(fields: Fields, tokenizer: Any, limit: int) -> list[tuple[int, float]]:
+    """Bounded before and after resolving: every entry costs work on the engine thread each step."""
+    raw = fields.raw("logit_bias")
+    if isinstance(raw, (list, dict)) and len(raw) > limit:
+        raise field_error("logit_bias", f"at most {limit} entries (--max-logit-bias), got {len(raw)}")
+    resolved = resolve_logit_bias(raw, tokenizer, tokenizer.vocab_size)
+    if len(resolved) > limit:
+        raise field_error("logit_bias", f"the entries name {len(resolved)} tokens, more than the limit of {limit} "
+                                        f"(--max-logit-bias)")
+    return resolved
+
+
+def _n_probs(fields: Fields, endpoint: Endpoint, limit: int) -> int:
     if endpoint is Endpoint.COMPLETIONS and not fields.given("n_probs"):
-        return fields.integer("logprobs", 0, minimum=0)
+        return fields.integer("logprobs", 0, minimum=0, maximum=limit)
     if endpoint is Endpoint.CHAT and fields.raw("logprobs") is True:
         return 0  # decided by _chat_logprobs
-    return fields.integer("n_probs", 0, minimum=0)
+    return fields.integer("n_probs", 0, minimum=0, maximum=limit)
 
 
-def _chat_logprobs(fields: Fields, params: GenerationParams) -> None:
+def _chat_logprobs(fields: Fields, params: GenerationParams, limit: int) -> None:
     logprobs = fields.boolean("logprobs", False)
-    top = fields.integer("top_logprobs", DEFAULT_TOP_LOGPROBS, minimum=0)
+    top = fields.integer("top_logprobs", DEFAULT_TOP_LOGPROBS, minimum=0, maximum=limit)
     if fields.given("top_logprobs") and not logprobs:
         raise invalid_request("top_logprobs requires logprobs to be set to true")
     params.logprobs = params.n_probs > 0

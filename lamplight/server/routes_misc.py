@@ -17,6 +17,7 @@ from .errors import ApiError, from_engine_error, invalid_request, not_supported
 from .fields import Fields
 from .generation_settings import props_default_params
 from .json_io import json_response, read_json, read_json_object
+from .launcher import memory_budget
 from .metrics import CONTENT_TYPE
 from .model_info import ftype_name, token_text
 from .params import default_sampling, parse_lora_entries
@@ -45,6 +46,8 @@ async def props(request: Request) -> Response:
             "n_ctx": engine.n_ctx_slot,
         },
         "total_slots": engine.n_parallel,
+        # lamplight's own: what computes the model, and the resident budget by purpose.
+        "lamplight": {"kernels": getattr(model, "kernels", None), "memory_mib": memory_budget(model, engine)},
         "model_alias": state.model_name,
         "model_ftype": ftype_name(model.gguf.metadata),
         "model_path": str(model.path),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 from typing import Sequence
 
@@ -15,6 +16,8 @@ from .vocab import Attr, Vocab, VocabType, load_vocab
 
 _CONTROL = int(Attr.CONTROL)
 _CONTROL_OR_UNKNOWN = int(Attr.CONTROL | Attr.UNKNOWN)
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class Tokenizer:
@@ -68,7 +71,11 @@ class Tokenizer:
     # -- encoding -------------------------------------------------------------------------------
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of `text`. A lone UTF-16 surrogate (possible in a Python str, not in UTF-8
+        text) is encoded as U+FFFD, the replacement character."""
         vocab = self._vocab
+        if _SURROGATE.search(text):
+            text = _SURROGATE.sub("\ufffd", text)
         ids: list[int] = []
         if add_special and vocab.add_bos:
             ids.append(self.bos_id)  # type: ignore[arg-type]  # load_vocab checked it is set
