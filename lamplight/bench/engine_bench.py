@@ -106,16 +106,25 @@ def run_engine_bench(model_spec: str | None, paths: list[str], batches: list[int
         if path == "compiled":
             forwards[path] = compiled_forward(m.model)
         results[path] = {"decode_ms": {}, "rss_after_load_mib": peak_rss_mib()}
+    torch_threads = torch.get_num_threads()
+
+    def threads_for(m) -> None:  # as the server runs each path (lamplight.server.launcher)
+        torch.set_num_threads(1 if m.model.native is not None else torch_threads)
+
     with torch.inference_mode():
         for path, m in loaded.items():  # warm-up
+            threads_for(m)
             decode_step_ms(m.model, m.tokenizer, 1, 3, forwards[path])
         for batch in batches:
             for path, m in loaded.items():
+                threads_for(m)
                 ms = decode_step_ms(m.model, m.tokenizer, batch, steps, forwards[path])
                 results[path]["decode_ms"][batch] = ms
                 print(f"[{path}] batch {batch:3d}: {ms:8.2f} ms/step  {1e3 * batch / ms:8.1f} tokens/s", file=sys.stderr)
         for path, m in loaded.items():
+            threads_for(m)
             results[path]["prefill_tokens_per_s"] = prefill_tokens_per_s(m.model, 512)
+    torch.set_num_threads(torch_threads)
     print(format_engine_table(results, batches))
     sampler_ms = sampler_chain_ms(batches)
     print(format_sampler_share(results, sampler_ms))

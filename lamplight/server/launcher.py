@@ -64,12 +64,23 @@ def build_engine(loaded: Any, options: EngineOptions) -> Any:
                           cache_type_k=options.cache_type_k or default_cache_type(loaded.model),
                           cache_type_v=options.cache_type_v or default_cache_type(loaded.model))
     loras = load_adapters(options.loras, loaded.model.config.architecture, options.lora_init_without_apply)
+    if getattr(loaded.model, "native", None) is not None and not loras:
+        dedicate_threads_to_native()
     try:
         engine = Engine(loaded.model, loaded.tokenizer, config, loras=loras)
     except GGUFError as exc:  # an adapter for weights the model does not have, or of other shapes
         raise StartupError(f"a LoRA adapter does not fit the model: {exc}") from exc
     engine.start()
     return engine
+
+
+def dedicate_threads_to_native() -> None:
+    """The native forward runs on its own pool of -t threads; PyTorch's ops left to the engine
+    (sampling) then run on one thread, so the two pools never compete for the cores (on 2 cores:
+    a decode step 7.9-8.7 ms instead of 10.8-11.1 at one stream, 22-23 instead of 25 at 16)."""
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def default_cache_type(model: Any) -> str:
