@@ -28,12 +28,24 @@ from lamplight.tokenizer import Tokenizer
 GREEDY = SamplingParams(temperature=0.0)
 
 
-@pytest.fixture(scope="module", params=["llama", "gemma3"])
+@pytest.fixture(scope="module", params=["llama", "gemma3", "llama-native", "gemma3-native"])
 def tiny(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny") / f"{request.param}.gguf"
-    (write_tiny_llama if request.param == "llama" else write_tiny_gemma3)(path, n_ctx=512)
+    """Every engine test on both architectures, on the PyTorch reference path and on the native
+    forward (packed weights; its f32 KV cache here, as the engine's default)."""
+    arch, _, native = request.param.partition("-")
+    path = tmp_path_factory.mktemp("tiny") / f"{arch}.gguf"
+    (write_tiny_llama if arch == "llama" else write_tiny_gemma3)(path, n_ctx=512)
     gguf = GGUFFile(path)
-    return load_model(gguf), Tokenizer.from_gguf(gguf)
+    model = load_model(gguf)
+    if native:
+        from lamplight.native import runtime
+        from lamplight.native.runner import NativeModel
+
+        lib = runtime.library()
+        if lib is None:
+            pytest.skip(f"no native kernels here: {runtime.unavailable_reason()}")
+        model.native = NativeModel(model, lib)
+    return model, Tokenizer.from_gguf(gguf)
 
 
 def make_engine(tiny, **cfg) -> Engine:

@@ -241,3 +241,23 @@ def test_out_of_range_positions_are_refused_not_read(tiny):
     outside = SequenceChunk([5, 6], 0, [0, cache.num_blocks * cache.block_size])
     with pytest.raises(ValueError, match="out of range"):
         native(build_forward_batch([outside]), cache)
+
+
+def test_lora_adapters_move_the_model_to_pytorch_kernels(tmp_path):
+    """Adapters are applied on the PyTorch path: attaching them leaves the native forward, and the
+    adapter at scale 0 computes what the base model computes."""
+    from tiny_gguf import write_tiny_lora
+
+    from lamplight.models.lora import attach_loras, load_lora
+    from lamplight.models.scoring import score
+
+    path = write_tiny_llama(tmp_path / "t.gguf", qtype=Q.Q4_1)
+    model = load_model(GGUFFile(path))
+    model.native = _native(model)
+    adapter = load_lora(write_tiny_lora(tmp_path / "a.gguf", {"blk.0.attn_q.weight": (64, 64)}), "llama")
+    scales = attach_loras(model, [adapter])
+    assert model.native is None and model.blocks[0].qkv.fused is not None
+    ids = _ids(12)
+    base = score(model, ids)
+    scales.scales = [1.0]
+    assert not torch.equal(score(model, ids), base)
