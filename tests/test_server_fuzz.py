@@ -13,12 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from test_server_support import ServerThread, sse_events
-from tiny_gguf import write_tiny_llama
-
-import lamplight
-from lamplight.server import ServerSettings, ServerState
-from lamplight.server.launcher import EngineOptions, build_engine
+from test_server_support import sse_events, tiny_served
 
 SEED = 14
 N_REQUESTS = 500
@@ -146,14 +141,8 @@ def check_answer(method: str, path: str, response: httpx.Response) -> str:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    loaded = lamplight.load(str(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf")))
-    engine = build_engine(loaded, EngineOptions(n_ctx=1024, n_parallel=4, n_ubatch=64))
-    state = ServerState(ServerSettings(metrics=True))
-    state.attach(loaded, engine)
-    server = ServerThread(state).start()
-    yield server, engine
-    server.stop()
-    engine.stop()
+    with tiny_served(tmp_path_factory.mktemp("tiny")) as running:
+        yield running
 
 
 def test_fuzz_every_endpoint_and_field(served):

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from test_server_support import ServerThread, assert_error, sse_events
+from test_server_support import ServerThread, assert_error, sse_events, wait_all_idle
 from tiny_gguf import write_tiny_llama
 
 import lamplight
@@ -58,15 +58,6 @@ def client(server):
 def stream(url: str, body: dict, path: str = "/completion") -> list:
     with httpx.Client(base_url=url, timeout=60) as client:
         return sse_events(client.post(path, json={**body, "stream": True}).text)
-
-
-def wait_all_idle(engine, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(s.is_idle for s in engine.slots) and not engine.waiting and not engine.active:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"slots still busy: {engine.slots_json()}")
 
 
 def assert_stream_finished(events: list) -> None:

@@ -13,12 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from test_server_support import ServerThread, sse_events
-from tiny_gguf import write_tiny_llama
-
-import lamplight
-from lamplight.server import ServerSettings, ServerState
-from lamplight.server.launcher import EngineOptions, build_engine
+from test_server_support import sse_events, tiny_served, wait_all_idle
 
 N_WARM_UP = 60
 N_SOAK = 300
@@ -28,14 +23,8 @@ MAX_GROWTH_MIB = 24
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    loaded = lamplight.load(str(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf")))
-    engine = build_engine(loaded, EngineOptions(n_ctx=1024, n_parallel=4, n_ubatch=64))
-    state = ServerState(ServerSettings(metrics=True))
-    state.attach(loaded, engine)
-    server = ServerThread(state).start()
-    yield server, engine
-    server.stop()
-    engine.stop()
+    with tiny_served(tmp_path_factory.mktemp("tiny")) as running:
+        yield running
 
 
 def request_for(rng: random.Random) -> tuple[str, dict]:
@@ -94,26 +83,17 @@ def metric(text: str, name: str) -> float:
     raise AssertionError(f"no metric {name}")
 
 
-def wait_idle(engine, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(s.is_idle for s in engine.slots) and not engine.active and not engine.waiting:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"not idle: {engine.slots_json()}")
-
-
 def test_soak_with_cancellations(served):
     server, engine = served
     with ThreadPoolExecutor(CLIENTS) as pool:
         list(pool.map(lambda seed: run_one(server.url, seed), range(N_WARM_UP)))
-        wait_idle(engine)
+        wait_all_idle(engine)
         gc.collect()
         before, objects_before = rss_mib(), len(gc.get_objects())
         start = time.monotonic()
         outcomes = list(pool.map(lambda seed: run_one(server.url, seed), range(1000, 1000 + N_SOAK)))
         elapsed = time.monotonic() - start
-    wait_idle(engine)
+    wait_all_idle(engine)
     gc.collect()
     after, objects_after = rss_mib(), len(gc.get_objects())
     cancelled = outcomes.count("cancelled")

@@ -52,6 +52,33 @@ class ServerThread:
         self.thread.join(timeout=10)
 
 
+@contextlib.contextmanager
+def tiny_served(folder, **settings):
+    """(server, engine) on a tiny random llama model, with metrics on (fuzz, soak, reliability)."""
+    import lamplight
+    from lamplight.server.launcher import EngineOptions, build_engine
+    from tiny_gguf import write_tiny_llama
+
+    loaded = lamplight.load(str(write_tiny_llama(folder / "tiny.gguf")))
+    engine = build_engine(loaded, EngineOptions(n_ctx=1024, n_parallel=4, n_ubatch=64))
+    server = serve(loaded, engine, ServerSettings(metrics=True, **settings))
+    try:
+        yield server, engine
+    finally:
+        server.stop()
+        engine.stop()
+
+
+def wait_all_idle(engine, timeout: float = 30) -> None:
+    """Until every slot is idle and nothing waits or runs (AssertionError after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(s.is_idle for s in engine.slots) and not engine.waiting and not engine.active:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"slots still busy: {engine.slots_json()}")
+
+
 def serve(loaded, engine, settings: ServerSettings | None = None) -> ServerThread:
     """A started server for an already loaded model and engine."""
     state = ServerState(settings or ServerSettings())
