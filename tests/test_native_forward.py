@@ -224,6 +224,8 @@ def test_server_serves_on_native_kernels_and_says_so(tmp_path):
         assert props["memory_mib"]["weights"] > 0 and props["memory_mib"]["kv_cache"] > 0
         reply = httpx.post(f"{server.url}/completion", json={"prompt": "the", "n_predict": 5}, timeout=60).json()
         assert reply["tokens_predicted"] == 5
+        assert "scratch" in httpx.get(f"{server.url}/props").json()["lamplight"]["memory_mib"]
+        assert loaded.model.native.scratch_bytes() > 0
     finally:
         server.stop()
         engine.stop()

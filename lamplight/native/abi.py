@@ -66,6 +66,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.lp_forward.restype = c_int32
     lib.lp_linear.argtypes = [POINTER(Linear), c_void_p, c_int32, c_void_p]
     lib.lp_linear.restype = None
+    lib.lp_model_scratch_bytes.argtypes = [c_void_p]
+    lib.lp_model_scratch_bytes.restype = c_int64
     lib.lp_profile.argtypes = [c_int32, POINTER(ctypes.c_double)]
     lib.lp_profile.restype = c_int32
     lib.lp_set_threads.argtypes = [c_int32]

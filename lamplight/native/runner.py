@@ -57,6 +57,10 @@ class NativeModel:
         """Bytes of the weights the native forward reads (packed, plus dense norms and tables)."""
         return sum(t.nbytes if isinstance(t, np.ndarray) else t.numel() * t.element_size() for t in self._keep)
 
+    def scratch_bytes(self) -> int:
+        """Bytes of the forward's working buffers so far (they grow with the largest step)."""
+        return self.lib.lp_model_scratch_bytes(self.handle)
+
     def __del__(self):
         handle = getattr(self, "handle", None)
         if handle:

@@ -91,18 +91,23 @@ def default_cache_type(model: Any) -> str:
 
 
 def memory_budget(loaded: Any, engine: Any) -> dict[str, float]:
-    """Resident memory by purpose, in MiB: the weights the model computes with, the KV cache."""
+    """Resident memory by purpose, in MiB: the weights the model computes with, the KV cache,
+    and (native forward) the step's working buffers so far."""
     native = getattr(loaded.model, "native", None)
     weights = native.weight_bytes() if native is not None else sum(
         t.numel() * t.element_size() for t in loaded.model.state_dict().values())
     cache = engine.cache
     kv = sum(t.numel() * t.element_size() for t in (*cache.k, *cache.v))
-    return {"weights": round(weights / 2**20, 1), "kv_cache": round(kv / 2**20, 1)}
+    budget = {"weights": weights, "kv_cache": kv}
+    if native is not None:
+        budget["scratch"] = native.scratch_bytes()
+    return {name: round(size / 2**20, 1) for name, size in budget.items()}
 
 
 def memory_line(loaded: Any, engine: Any) -> str:
     budget = memory_budget(loaded, engine)
-    return f"weights {budget['weights']:.0f} MiB, KV cache {budget['kv_cache']:.0f} MiB"
+    scratch = f", scratch {budget['scratch']:.0f} MiB so far" if "scratch" in budget else ""
+    return f"weights {budget['weights']:.0f} MiB, KV cache {budget['kv_cache']:.0f} MiB{scratch}"
 
 
 def uvicorn_server(state: ServerState) -> uvicorn.Server:

@@ -630,6 +630,14 @@ int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* log
     return 0;
 }
 
+int64_t lp_model_scratch_bytes(void* model) {
+    const Model& m = *(const Model*)model;
+    size_t floats = m.h.capacity() + m.x.capacity() + m.qkv.capacity() + m.attn.capacity() + m.out.capacity() +
+                    m.gate_up.capacity() + m.act.capacity() + m.logits_in.capacity() + m.shared_kv.capacity();
+    for (const auto& v : m.thread_scratch) floats += v.capacity();
+    return (int64_t)(floats * sizeof(float) + m.acts.capacity());
+}
+
 int32_t lp_profile(int32_t enable, double* out) {
     for (int i = 0; i < P_COUNT; i++) {
         if (out) out[i] = phase_ms[i];
