@@ -245,21 +245,32 @@ def test_out_of_range_positions_are_refused_not_read(tiny):
         native(build_forward_batch([outside]), cache)
 
 
-def test_lora_adapters_move_the_model_to_pytorch_kernels(tmp_path):
-    """Adapters are applied on the PyTorch path: attaching them leaves the native forward, and the
-    adapter at scale 0 computes what the base model computes."""
+def test_lora_adapters_on_the_native_forward(tmp_path):
+    """Adapters are applied by the native forward itself: at scale 0 the logits are the base
+    model's, bit for bit; at scale 1 they follow the PyTorch reference path with the adapter; a
+    row's result does not depend on the step (adapter deltas are computed row by row)."""
     from tiny_gguf import write_tiny_lora
 
     from lamplight.models.lora import attach_loras, load_lora
     from lamplight.models.scoring import score
 
     path = write_tiny_llama(tmp_path / "t.gguf", qtype=Q.Q4_1)
-    model = load_model(GGUFFile(path))
+    targets = {"blk.0.attn_q.weight": (64, 64), "blk.1.ffn_down.weight": (64, 128), "blk.1.attn_v.weight": (32, 64)}
+    adapter_path = write_tiny_lora(tmp_path / "a.gguf", targets, rank=4, alpha=8.0)
+    ids = _ids(20)
+    model, reference = load_model(GGUFFile(path)), load_model(GGUFFile(path))
     model.native = _native(model)
-    adapter = load_lora(write_tiny_lora(tmp_path / "a.gguf", {"blk.0.attn_q.weight": (64, 64)}), "llama")
-    scales = attach_loras(model, [adapter])
-    assert model.native is None and model.blocks[0].qkv.fused is not None
-    ids = _ids(12)
     base = score(model, ids)
-    scales.scales = [1.0]
-    assert not torch.equal(score(model, ids), base)
+    scales = attach_loras(model, [load_lora(adapter_path, "llama")])
+    reference_scales = attach_loras(reference, [load_lora(adapter_path, "llama")])
+    assert model.native is not None
+    assert torch.equal(score(model, ids), base)
+    scales.scales = reference_scales.scales = [1.0]
+    adapted, expected = score(model, ids), score(reference, ids)
+    assert not torch.equal(adapted, base)
+    assert (adapted - expected).abs().max() <= 0.1 * expected.abs().max()
+    assert (adapted - expected).abs().max() < 0.5 * (base - expected).abs().max()
+    cache = _cache(model)
+    table, other = BlockTable(cache), BlockTable(cache)
+    pieces = _run(model, [[(table, ids[:7], 0), (other, _ids(9, 3), 0)], [(other, _ids(1, 4), 9), (table, ids[7:], 7)]], cache)
+    assert torch.equal(torch.cat([pieces[0], pieces[3]]), adapted)

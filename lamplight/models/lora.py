@@ -67,7 +67,6 @@ def load_lora(path: str | os.PathLike, architecture: str) -> LoraAdapter:
 def attach_loras(model: CausalLM, adapters: list[LoraAdapter]) -> LoraScales:
     """Hook every adapter into the model's linear layers; returns the per-step scale holder."""
     scales = LoraScales([0.0] * len(adapters))
-    model.use_torch_kernels("LoRA adapters are applied on the PyTorch path")
     linears = {m.name: m for m in model.modules() if isinstance(m, QuantLinear)}
     for index, adapter in enumerate(adapters):
         for name, (a, b) in adapter.weights.items():
@@ -78,4 +77,6 @@ def attach_loras(model: CausalLM, adapters: list[LoraAdapter]) -> LoraScales:
                 raise GGUFError(f"{adapter.path}: {name} adapter shape does not match the model's weight")
             layer.add_lora(index, a, b, adapter.factor(name), scales)
     model.lora_scales = scales
+    if model.native is not None:
+        model.native.rebuild()  # the native forward applies the adapters too
     return scales

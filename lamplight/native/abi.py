@@ -19,8 +19,17 @@ class LinearPart(ctypes.Structure):
     _fields_ = [("w", QWeight), ("dense", c_void_p)]
 
 
+class Lora(ctypes.Structure):
+    _fields_ = [("adapter", c_int32), ("rank", c_int32), ("out_offset", c_int32), ("n_out", c_int32),
+                ("factor", c_float), ("reserved", c_int32), ("a", c_void_p), ("b", c_void_p)]
+
+
+MAX_LORA_RANK = 256
+
+
 class Linear(ctypes.Structure):
-    _fields_ = [("n_parts", c_int32), ("n_out", c_int32), ("parts", LinearPart * MAX_PARTS), ("bias", c_void_p)]
+    _fields_ = [("n_parts", c_int32), ("n_out", c_int32), ("parts", LinearPart * MAX_PARTS), ("bias", c_void_p),
+                ("n_loras", c_int32), ("reserved", c_int32), ("loras", POINTER(Lora))]
 
 
 class Layer(ctypes.Structure):
@@ -47,7 +56,7 @@ class Batch(ctypes.Structure):
     _fields_ = [
         ("n_rows", c_int32), ("n_logits", c_int32),
         ("embeddings", c_void_p), ("positions", c_void_p), ("write_slots", c_void_p),
-        ("key_offsets", c_void_p), ("key_slots", c_void_p), ("logit_rows", c_void_p),
+        ("key_offsets", c_void_p), ("key_slots", c_void_p), ("logit_rows", c_void_p), ("lora_scales", c_void_p),
     ]
 
 

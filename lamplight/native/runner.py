@@ -39,15 +39,26 @@ class NativeModel:
         self.model = model
         self.lib = lib
         self.packed = packed
-        self._keep: list = []  # every array the C side points into
+        self._packed: dict[tuple[str, ...], list] = {}  # packed parts by weight names (kept across rebuilds)
         self._kv_cache: dict[int, abi.KV] = {}
-        config = self._describe_config(model)
-        layers = (abi.Layer * model.config.n_layers)(*(self._describe_layer(model, i) for i in range(model.config.n_layers)))
-        self._config, self._layers = config, layers
-        self.handle = lib.lp_model_new(ctypes.byref(config), layers)
+        self.handle = None
+        self.rebuild()
         lib.lp_set_threads(torch.get_num_threads())  # -t sets torch's count before loading
         self.threads = lib.lp_get_threads()
         self.kinds = sorted({self._kind(p) for p in self._parts()})
+
+    def rebuild(self) -> None:
+        """Describe the model to the C side again (after LoRA adapters were attached to its
+        layers); packed weights are reused."""
+        self._keep: list = []  # every array the C side points into
+        config = self._describe_config(self.model)
+        n_layers = self.model.config.n_layers
+        layers = (abi.Layer * n_layers)(*(self._describe_layer(self.model, i) for i in range(n_layers)))
+        if self.handle:
+            self.lib.lp_model_free(self.handle)
+        self._config, self._layers = config, layers
+        self.handle = self.lib.lp_model_new(ctypes.byref(config), layers)
+        self._has_loras = any(lin.n_loras for layer in layers for lin in (layer.qkv, layer.wo, layer.gate_up, layer.down))
 
     def describe(self) -> str:
         """The kernel set, for the start-up log and /props: e.g. 'native avx512vnni (w4, w8_32; 2 threads)'."""
@@ -55,7 +66,8 @@ class NativeModel:
 
     def weight_bytes(self) -> int:
         """Bytes of the weights the native forward reads (packed, plus dense norms and tables)."""
-        return sum(t.nbytes if isinstance(t, np.ndarray) else t.numel() * t.element_size() for t in self._keep)
+        return sum(t.nbytes if isinstance(t, np.ndarray) else t.numel() * t.element_size()
+                   for t in self._keep if isinstance(t, (np.ndarray, torch.Tensor)))
 
     def scratch_bytes(self) -> int:
         """Bytes of the forward's working buffers so far (they grow with the largest step)."""
@@ -78,7 +90,10 @@ class NativeModel:
         """One native linear over `members` (QuantLinears reading the same input)."""
         infos = [m.info for m in members]
         lin = abi.Linear()
-        groups = _pack_groups(infos) if self.packed else [([i], None) for i in infos]
+        names = tuple(i.name for i in infos)
+        if names not in self._packed:
+            self._packed[names] = _pack_groups(infos) if self.packed else [([i], None) for i in infos]
+        groups = self._packed[names]
         if len(groups) > abi.MAX_PARTS:
             raise NativeUnsupported(f"more than {abi.MAX_PARTS} weights in one fused linear")
         lin.n_parts = len(groups)
@@ -92,7 +107,23 @@ class NativeModel:
                 part.w.format, part.w.n, part.w.k = 0, weight.shape[0], weight.shape[1]
                 part.dense = self._hold(weight)
         lin.bias = self._hold(bias) if bias is not None else None
+        self._attach_loras(lin, members)
         return lin
+
+    def _attach_loras(self, lin: abi.Linear, members) -> None:
+        """The members' LoRA adapters (QuantLinear.loras) as native deltas on their columns."""
+        loras, offset = [], 0
+        for member in members:
+            for index, a, b, factor in getattr(member, "loras", ()):
+                if a.shape[0] > abi.MAX_LORA_RANK:
+                    raise NativeUnsupported(f"LoRA rank {a.shape[0]} is above {abi.MAX_LORA_RANK}")
+                loras.append(abi.Lora(index, a.shape[0], offset, member.info.shape[0], factor, 0,
+                                      self._hold(a), self._hold(b)))
+            offset += member.info.shape[0]
+        if loras:
+            array = (abi.Lora * len(loras))(*loras)
+            self._keep.append(array)
+            lin.n_loras, lin.loras = len(loras), ctypes.cast(array, ctypes.POINTER(abi.Lora))
 
     def _parts(self):
         for layer in self._layers:
@@ -172,8 +203,9 @@ class NativeModel:
         write_slots = batch.kv_write_slots.contiguous()
         logit_rows = batch.logit_rows.contiguous()
         logits = torch.empty(logit_rows.numel(), self.model.config.vocab_size)
+        scales = np.asarray(self.model.lora_scales.scales, dtype=np.float32) if self._has_loras else None
         b = abi.Batch(embd.shape[0], logit_rows.numel(), _ptr(embd), _ptr(positions), _ptr(write_slots),
-                      _ptr(key_offsets), _ptr(key_slots), _ptr(logit_rows))
+                      _ptr(key_offsets), _ptr(key_slots), _ptr(logit_rows), _ptr(scales))
         rc = self.lib.lp_forward(self.handle, ctypes.byref(b), ctypes.byref(self._kv(kv)), logits.data_ptr())
         if rc == 1:
             raise NativeUnsupported("the native forward does not handle this model's shapes")

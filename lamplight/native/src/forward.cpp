@@ -240,7 +240,10 @@ void quantize_row(const float* x, int k, int r, uint8_t* acts) {
 
 // y [n_rows, lin.n_out] = x [n_rows, k] W^T (+ bias), columns split into tasks over the pool.
 // `quantized`: acts already holds x's quantized rows (the phase before wrote them row by row).
-void linear(const LpLinear& lin, const float* x, int n_rows, float* y, vector<uint8_t>& acts, bool quantized = false) {
+void add_loras(const LpLinear& lin, const float* x, int n_rows, float* y, const float* scales);
+
+void linear(const LpLinear& lin, const float* x, int n_rows, float* y, vector<uint8_t>& acts, bool quantized = false,
+            const float* lora_scales = nullptr) {
     int k = lin.parts[0].w.k;
     bool any_packed = false;
     for (int p = 0; p < lin.n_parts; p++) any_packed |= lin.parts[p].dense == nullptr;
@@ -273,6 +276,7 @@ void linear(const LpLinear& lin, const float* x, int n_rows, float* y, vector<ui
             for (int r = 0; r < n_rows; r++)
                 for (int c = ch.begin; c < ch.end; c++) yp[(int64_t)r * ldy + c] += lin.bias[ch.offset + c];
     });
+    add_loras(lin, x, n_rows, y, lora_scales);
 }
 
 // Per-row work in tasks of a few rows.
@@ -282,6 +286,24 @@ void for_rows(int n_rows, F fn) {
     lp::parallel_for((n_rows + per_task - 1) / per_task, [&](int64_t task, int thread) {
         int end = std::min<int>((int)(task * per_task + per_task), n_rows);
         for (int r = (int)(task * per_task); r < end; r++) fn(r, thread);
+    });
+}
+
+// The step's LoRA deltas on y, row by row in a fixed order (float32, like the adapters).
+void add_loras(const LpLinear& lin, const float* x, int n_rows, float* y, const float* scales) {
+    if (!lin.n_loras || !scales) return;
+    int k = lin.parts[0].w.k;
+    for_rows(n_rows, [&](int r, int) {
+        const float* xr = x + (int64_t)r * k;
+        float* yr = y + (int64_t)r * lin.n_out;
+        for (int i = 0; i < lin.n_loras; i++) {
+            const LpLora& lora = lin.loras[i];
+            float s = scales[lora.adapter] * lora.factor;
+            if (s == 0.0f) continue;
+            float t[256];
+            for (int j = 0; j < lora.rank; j++) t[j] = dot(xr, lora.a + (int64_t)j * k, k);
+            for (int c = 0; c < lora.n_out; c++) yr[lora.out_offset + c] += s * dot(lora.b + (int64_t)c * lora.rank, t, lora.rank);
+        }
     });
 }
 
@@ -537,13 +559,13 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpL
         quantize_row(x, E, r, acts);
     });
     timer.lap(P_NORM);
-    linear(layer.qkv, x, T, qkv, m.acts, true);
+    linear(layer.qkv, x, T, qkv, m.acts, true, b.lora_scales);
     timer.lap(P_QKV);
     for_rows(T, [&](int r, int) { prepare_row(m, layer, li, b, kv, r, qkv + (int64_t)r * n_qkv); });
     timer.lap(P_ROPE_KV);
     attention(m, layer, li, b, kv, qkv, n_qkv, attn);
     timer.lap(P_ATTENTION);
-    linear(layer.wo, attn, T, out, m.acts);
+    linear(layer.wo, attn, T, out, m.acts, false, b.lora_scales);
     timer.lap(P_WO);
     acts = acts_for(m.acts, T, E);
     for_rows(T, [&](int r, int) {
@@ -553,7 +575,7 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpL
         quantize_row(x, E, r, acts);
     });
     timer.lap(P_RESIDUAL);
-    linear(layer.gate_up, x, T, gu, m.acts, true);
+    linear(layer.gate_up, x, T, gu, m.acts, true, b.lora_scales);
     timer.lap(P_GATE_UP);
     acts = acts_for(m.acts, T, F);
     for_rows(T, [&](int r, int) {
@@ -566,7 +588,7 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpL
         quantize_row(act, F, r, acts);
     });
     timer.lap(P_ACTIVATION);
-    linear(layer.down, act, T, out, m.acts, true);
+    linear(layer.down, act, T, out, m.acts, true, b.lora_scales);
     timer.lap(P_DOWN);
 }
 
@@ -619,7 +641,7 @@ int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* log
         rms_norm(hr, c.output_norm, c.rms_eps, E, normed + (int64_t)i * E);
         quantize_row(normed, E, i, acts);
     });
-    linear(c.head, normed, b.n_logits, logits, m.acts, true);
+    linear(c.head, normed, b.n_logits, logits, m.acts, true, b.lora_scales);
     if (c.final_softcap > 0.0f)
         for_rows(b.n_logits, [&](int i, int) {
             float* row = logits + (int64_t)i * c.vocab;

@@ -17,12 +17,28 @@ typedef struct LpLinearPart {
     const float* dense;
 } LpLinearPart;
 
+// A LoRA adapter on some output columns of a linear: y[out_offset + c] += s * B (A x), with
+// s = the step's scale of `adapter` times `factor` (alpha / rank).
+typedef struct LpLora {
+    int32_t adapter;
+    int32_t rank;
+    int32_t out_offset;
+    int32_t n_out;
+    float factor;
+    int32_t reserved;
+    const float* a;  // [rank, k]
+    const float* b;  // [n_out, rank]
+} LpLora;
+
 // Up to three weights reading the same input, their outputs side by side (fused Q/K/V, gate/up).
 typedef struct LpLinear {
     int32_t n_parts;
     int32_t n_out;  // sum of the parts' n
     LpLinearPart parts[3];
     const float* bias;  // [n_out] or null
+    int32_t n_loras;
+    int32_t reserved;
+    const LpLora* loras;
 } LpLinear;
 
 typedef struct LpLayer {
@@ -62,6 +78,7 @@ typedef struct LpBatch {
     const int64_t* key_offsets;   // [n_rows] where the row's key slots start in key_slots
     const int64_t* key_slots;     // pool index of key position p of row r: key_slots[key_offsets[r] + p]
     const int64_t* logit_rows;    // [n_logits]
+    const float* lora_scales;     // this step's scale per adapter (null: none loaded)
 } LpBatch;
 
 typedef struct LpKV {
