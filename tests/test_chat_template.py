@@ -137,10 +137,16 @@ def test_leading_bos_is_cut_when_the_vocabulary_adds_it():
 
 
 def test_chat_template_kwargs_reach_the_template():
-    template = ChatTemplate("{{ 'think' if enable_thinking else 'plain' }}/{{ persona | default('none') }}")
-    assert template.render([{"role": "user", "content": "x"}]) == "think/none"
+    template = ChatTemplate("{{ '<think>' if enable_thinking else 'plain' }}/{{ persona | default('none') }}")
+    assert template.render([{"role": "user", "content": "x"}]) == "<think>/none"
     assert template.render([{"role": "user", "content": "x"}],
                            extra={"enable_thinking": False, "persona": "pirate"}) == "plain/pirate"
+
+
+def test_enable_thinking_defaults_to_false_for_templates_without_thinking():
+    template = ChatTemplate("{{ 'on' if enable_thinking else 'off' }}")
+    assert template.supports_thinking is False
+    assert template.render([{"role": "user", "content": "x"}]) == "off"
 
 
 def test_raise_exception_becomes_chat_template_error():
@@ -166,9 +172,12 @@ def test_sandbox_blocks_python_internals():
         ChatTemplate("{{ ''.__class__.__mro__[1].__subclasses__() }}").render([{"role": "user", "content": "x"}])
 
 
-def test_sandbox_is_immutable():
+def test_sandbox_is_immutable_except_list_append_and_pop():
     with pytest.raises(ChatTemplateError):
-        ChatTemplate("{{ messages.append(1) }}").render([{"role": "user", "content": "x"}])
+        ChatTemplate("{{ messages[0].update({'role': 'x'}) }}").render([{"role": "user", "content": "x"}])
+    # llama.cpp's Jinja lets lists grow and shrink (Kimi K2 keeps a stack); the messages are copies.
+    stack = "{%- set s = [] -%}{{- s.append(1) or '' -}}{{- s.append(2) or '' -}}{{- s.pop() -}}{{- s | length -}}"
+    assert ChatTemplate(stack).render([{"role": "user", "content": "x"}]) == "21"
 
 
 def test_strftime_now():

@@ -174,9 +174,14 @@ def test_hermes_follow_up_conversation_renders(hermes):
 
 # -- generic protocol on the tiny model ------------------------------------------------------------
 
-def test_generic_protocol_over_http(chatml):
+def test_generic_protocol_over_http(chatml, tiny_loaded):
+    # /apply-template renders the template as llama.cpp does: ChatML has no tool text ...
     prompt = chatml.post("/apply-template", json=tool_request()).json()["prompt"]
-    assert prompt.startswith("<|im_start|>system\nYou can call the following tools")
+    assert "You can call the following tools" not in prompt
+    # ... the generic protocol's instruction is added to the prompt of a generation only.
+    from lamplight.server.chat_prompt import render_chat_prompt
+
+    assert render_chat_prompt(tool_request(), tiny_loaded.chat_template).startswith("<|im_start|>system\nYou can call the following tools")
     body = chatml.post("/v1/chat/completions", json=tool_request(
         tool_choice={"type": "function", "function": {"name": "pick"}})).json()
     check_calls(body["choices"][0]["message"], {"pick"})

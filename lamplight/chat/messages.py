@@ -136,3 +136,40 @@ def _template_message(message: dict, role: str, content: str | None, tool_calls:
     if tool_calls:
         normalized["tool_calls"] = tool_calls
     return normalized
+
+
+def adapt_to_caps(messages: list[dict], caps: Any) -> list[dict]:
+    """What llama.cpp does for templates lacking a capability (lamplight.chat.caps): system
+    messages folded into the next user turn ("system text\nuser text"), tool-call arguments as
+    JSON text."""
+    if not caps.supports_system_role:
+        messages = _fold_system_messages(messages)
+    if not caps.supports_object_arguments:
+        messages = [_with_text_arguments(message) for message in messages]
+    return messages
+
+
+def _fold_system_messages(messages: list[dict]) -> list[dict]:
+    folded: list[dict] = []
+    pending: list[str] = []
+    for message in messages:
+        if message["role"] == "system":
+            pending.append(message["content"] or "")
+            continue
+        if pending and message["role"] == "user":
+            message = {**message, "content": "\n".join([*pending, message["content"] or ""])}
+            pending = []
+        folded.append(message)
+    return folded
+
+
+def _with_text_arguments(message: dict) -> dict:
+    if "tool_calls" not in message:
+        return message
+    calls = [{**call, "function": {**call["function"], "arguments": _arguments_text(call["function"]["arguments"])}}
+             for call in message["tool_calls"]]
+    return {**message, "tool_calls": calls}
+
+
+def _arguments_text(arguments: Any) -> Any:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)

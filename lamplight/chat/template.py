@@ -22,15 +22,18 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any, NoReturn
 
-from jinja2 import TemplateError, nodes
+from jinja2 import TemplateError, Undefined, nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from lamplight.chat.errors import ChatTemplateError
-from lamplight.chat.messages import normalize_messages
+from lamplight.chat.caps import probe_caps
+from lamplight.chat.messages import adapt_to_caps, normalize_messages
+from lamplight.chat.reasoning_markers import detect_reasoning_markers
 
 _MENTIONS_TOOLS = re.compile(r"\btools\b")
 
@@ -53,23 +56,64 @@ def _raise_exception(message: str) -> NoReturn:
     raise TemplateRaised(str(message))
 
 
+def _now() -> datetime:
+    """The template clock (tests fix it)."""
+    return datetime.now()
+
+
 def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
+    return _now().strftime(fmt)
+
+
+class _LenientUndefined(Undefined):
+    """llama.cpp's Jinja lets an undefined value join a string as "" (firefunction's `"\\n" + functions`)."""
+
+    __slots__ = ()
+
+    def __add__(self, other: Any) -> Any:
+        return other if isinstance(other, str) else Undefined.__add__(self, other)
+
+    def __radd__(self, other: Any) -> Any:
+        return other if isinstance(other, str) else Undefined.__radd__(self, other)
 
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
+                      default=_json_default)
+
+
+def _json_default(value: Any) -> Any:
+    """`tools | map(attribute='function') | tojson`: Jinja's map/select yield generators; dump them as lists."""
+    if isinstance(value, Iterator):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _plain_text(value: Any) -> str:
+    """`|safe` without Markup: llama.cpp never HTML-escapes, but Markup + str would."""
+    return str(value)
+
+
+class _TemplateSandbox(ImmutableSandboxedEnvironment):
+    """transformers' immutable sandbox, except that lists may grow and shrink (Kimi K2 keeps a stack with append and pop)."""
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        if isinstance(obj, list) and attr in ("append", "pop"):
+            return True
+        return super().is_safe_attribute(obj, attr, value)
 
 
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+    env = _TemplateSandbox(
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=False,
+        undefined=_LenientUndefined,
         extensions=[loopcontrols, _GenerationTag],
     )
     env.filters["tojson"] = _tojson
+    env.filters["safe"] = _plain_text
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
@@ -90,7 +134,11 @@ class ChatTemplate:
         self.add_bos = add_bos
         self.add_eos = add_eos
         self.supports_tools = bool(_MENTIONS_TOOLS.search(source))
+        self.reasoning = detect_reasoning_markers(source)
+        self.supports_thinking = self.reasoning is not None
         self._template = _compile(source, name)
+        self.caps = probe_caps(lambda messages, prompt, tools: self._render(normalize_messages(messages), prompt,
+                                                                           tools, None))
 
     def __repr__(self) -> str:
         return f"ChatTemplate(name={self.name!r})"
@@ -99,7 +147,7 @@ class ChatTemplate:
                tools: list[dict] | None = None, extra: dict | None = None,
                prefill_assistant: bool = True) -> str:
         """Render the prompt; a final assistant message is continued unless prefill_assistant is False."""
-        messages = normalize_messages(messages)
+        messages = adapt_to_caps(normalize_messages(messages), self.caps)
         if prefill_assistant and messages[-1]["role"] == "assistant":
             return self._render_prefill(messages, tools, extra)
         return self._render(messages, add_generation_prompt, tools, extra)
@@ -108,7 +156,40 @@ class ChatTemplate:
         history, unfinished = messages[:-1], messages[-1]
         if history and history[-1]["role"] == "assistant":
             raise ChatTemplateError("Cannot have 2 or more assistant messages at the end of the list.")
-        return self._render(history, True, tools, extra) + (unfinished["content"] or "")
+        content = unfinished["content"] or ""
+        prompt = self._generation_prompt(history, tools, extra)
+        if self.reasoning is None:
+            return prompt + content
+        # A thinking template continues the answer, not the thinking: an empty thinking block
+        # comes first, as the template itself renders one, else as start+end markers.
+        own = self._own_empty_thinking(history, unfinished, tools, extra)
+        if own is not None:
+            return own
+        return _without_open_thinking(prompt, self.reasoning.start) + self.reasoning.empty_block + content
+
+    def _generation_prompt(self, history: list[dict], tools: list[dict] | None, extra: dict | None) -> str:
+        """The history without the generation prompt, then what the generation prompt adds after
+        the longest common prefix: llama.cpp's way, which differs from rendering with the
+        generation prompt only where a template ends a conversation differently (Phi-3.5's eos)."""
+        closed = self._render(history, False, tools, extra)
+        opened = self._render(history, True, tools, extra)
+        return closed + opened[_common_prefix_length(closed, opened):]
+
+    def _own_empty_thinking(self, history: list[dict], unfinished: dict, tools: list[dict] | None,
+                            extra: dict | None) -> str | None:
+        """The template's rendering of the final message with empty thinking, cut after its content,
+        when that rendering has the thinking markers before the content (Qwen3, gpt-oss)."""
+        content = unfinished["content"] or ""
+        try:
+            full = self._render(history + [{**unfinished, "reasoning_content": "", "thinking": ""}], False, tools, extra)
+        except ChatTemplateError:
+            return None
+        start = self._render(history, False, tools, extra)
+        end = full.rfind(content)
+        head = full[_common_prefix_length(start, full):end]
+        if end < 0 or not content or self.reasoning.start not in head or self.reasoning.end not in head:
+            return None
+        return full[:end + len(content)]
 
     def _render(self, messages: list[dict], add_generation_prompt: bool,
                 tools: list[dict] | None, extra: dict | None) -> str:
@@ -125,15 +206,21 @@ class ChatTemplate:
                  tools: list[dict] | None, extra: dict | None) -> dict[str, Any]:
         if extra is not None and not isinstance(extra, dict):
             raise ChatTemplateError("'chat_template_kwargs' must be an object")
-        return {
-            "enable_thinking": True,
+        context = {
+            # llama.cpp passes enable_thinking always: true only where the template can think.
+            "enable_thinking": self.supports_thinking,
+            # Dates llama.cpp gives templates: Llama 3.x's `date_string`, firefunction v2's `datetime`.
+            "date_string": _now().strftime("%d %b %Y"),
+            "datetime": _now().strftime("%b %d %Y"),
             **(extra or {}),
             "messages": messages,
             "add_generation_prompt": add_generation_prompt,
-            "tools": tools or None,
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
         }
+        if tools:  # left undefined otherwise, as llama.cpp does (Hermes iterates `tools` if defined)
+            context["tools"] = tools
+        return context
 
     def _strip_special_tokens(self, text: str) -> str:
         if self.add_bos and self.bos_token and text.startswith(self.bos_token):
@@ -141,6 +228,21 @@ class ChatTemplate:
         if self.add_eos and self.eos_token and text.endswith(self.eos_token):
             text = text[: -len(self.eos_token)]
         return text
+
+
+def _common_prefix_length(a: str, b: str) -> int:
+    length = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        length += 1
+    return length
+
+
+def _without_open_thinking(prompt: str, start: str) -> str:
+    """A generation prompt that opens thinking (`<think>\\n`) loses that opening: the prefill closes it."""
+    trimmed = prompt.rstrip()
+    return trimmed[:-len(start)] if trimmed.endswith(start) else prompt
 
 
 def _compile(source: str, name: str):

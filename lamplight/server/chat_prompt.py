@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from lamplight.chat import ChatTemplateError
-from lamplight.tools import prompt_inputs
+from lamplight.tools import prompt_inputs, template_tools
 
 from .constraints import chat_tool_plan
 from .errors import invalid_request
@@ -18,8 +18,14 @@ from .fields import Fields
 _PLAN_FROM_BODY = object()
 
 
-def render_chat_prompt(body: dict, chat_template: Any, tool_plan: Any = _PLAN_FROM_BODY) -> str:
-    """`tool_plan`: the request's lamplight.tools.ToolPlan (or None); read from the body when not given."""
+def render_chat_prompt(body: dict, chat_template: Any, tool_plan: Any = _PLAN_FROM_BODY,
+                       *, for_generation: bool = True) -> str:
+    """`tool_plan`: the request's lamplight.tools.ToolPlan (or None); read from the body when not given.
+
+    `for_generation` False (/apply-template) renders the template as llama.cpp does, without the
+    generic tool protocol: its instruction and its rewriting of tool turns are added only when
+    the prompt is for a generation (/v1/chat/completions) with a template that has no native
+    tool format."""
     fields = Fields(body)
     if body.get("messages") is None:
         raise invalid_request("'messages' is required")
@@ -28,7 +34,10 @@ def render_chat_prompt(body: dict, chat_template: Any, tool_plan: Any = _PLAN_FR
     if tool_plan is _PLAN_FROM_BODY:
         tool_plan = chat_tool_plan(fields, chat_template)
     try:
-        messages, tools = prompt_inputs(body["messages"], chat_template, tool_plan)
+        if for_generation:
+            messages, tools = prompt_inputs(body["messages"], chat_template, tool_plan)
+        else:
+            messages, tools = body["messages"], template_tools(chat_template, tool_plan)
         return chat_template.render(messages, add_generation_prompt=add_generation_prompt,
                                     tools=tools, extra=extra)
     except ChatTemplateError as exc:

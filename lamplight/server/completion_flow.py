@@ -12,6 +12,8 @@ from starlette.responses import Response
 
 from lamplight.engine.types import FinalEvent
 
+from lamplight.chat.reasoning import plan_reasoning
+
 from .chat_prompt import render_chat_prompt
 from .errors import field_error, invalid_request
 from .generation import GenerationRun, collect_unless_disconnected
@@ -64,6 +66,7 @@ def _prepare(state: ServerState, body: dict, endpoint: Endpoint,
         prompts = build_prompts(state, body)
     elif endpoint is Endpoint.CHAT:
         text = render_chat_prompt(body, chat_template, params.tool_plan)
+        params.reasoning = plan_reasoning(getattr(chat_template, "reasoning", None), params.reasoning_format, text)
         prompts = [tokenizer.encode(text, add_special=True, parse_special=True)]
     else:
         prompts = tokenize_prompts(body.get("prompt"), tokenizer)

@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from lamplight.chat.reasoning import REASONING_FORMATS
 from lamplight.engine.types import GenerationRequest
 from lamplight.sampling.dry import BreakerTable
 from lamplight.sampling.logit_bias import resolve_logit_bias
@@ -94,6 +95,8 @@ class GenerationParams:
     grammar: Any = None  # lamplight.grammar.CompiledGrammar
     grammar_text: str = ""
     tool_plan: Any = None  # lamplight.tools.ToolPlan: chat requests with `tools`
+    reasoning_format: str = "auto"  # chat: how thinking is split from the answer (lamplight.chat.reasoning)
+    reasoning: Any = None  # lamplight.chat.reasoning.ReasoningPlan, set once the prompt is rendered
     dry_breakers: Any = None  # lamplight.sampling.dry.BreakerTable when DRY runs
 
     @property
@@ -165,9 +168,17 @@ def parse_generation_params(body: dict, endpoint: Endpoint, settings: ServerSett
     fields.integer("n_cache_reuse", 0, minimum=0)  # accepted; chunk reuse is not implemented
     if endpoint is Endpoint.CHAT:
         _chat_logprobs(fields, params, limits.max_n_probs)
+        params.reasoning_format = _reasoning_format(fields)
     elif endpoint is Endpoint.COMPLETIONS:
         params.logprobs = params.n_probs > 0
     return params
+
+
+def _reasoning_format(fields: Fields) -> str:
+    value = fields.string("reasoning_format", "auto")
+    if value not in REASONING_FORMATS:
+        raise field_error("reasoning_format", f"must be one of {', '.join(REASONING_FORMATS)}, got {value!r}")
+    return value
 
 
 def _dry_breakers(sampling: SamplingParams, tokenizer: Any) -> Any:

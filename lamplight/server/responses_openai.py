@@ -65,12 +65,28 @@ def completion_final_chunk(ctx: ResponseContext, index: int, final: FinalEvent, 
 # -- /v1/chat/completions ---------------------------------------------------------------------
 
 def chat_message(ctx: ResponseContext, final: FinalEvent) -> tuple[dict, str]:
-    """-> (message, finish_reason). With tools the text is parsed for calls (lamplight.tools)."""
+    """-> (message, finish_reason). Thinking is split off first (lamplight.chat.reasoning), then
+    with tools the answer is parsed for calls (lamplight.tools): calls are never in the thinking."""
+    reasoning, content = split_reasoning(ctx.params.reasoning, final.content)
     plan = ctx.params.tool_plan
     if plan is None or not plan.active:
-        return {"role": "assistant", "content": final.content}, final.finish_reason
-    parsed = plan.parse(final.content)
-    return message_json(parsed), tool_finish_reason(parsed, final.stop_type, final.finish_reason)
+        message = {"role": "assistant", "content": content}
+        finish_reason = final.finish_reason
+    else:
+        parsed = plan.parse(content)
+        message = message_json(parsed)
+        finish_reason = tool_finish_reason(parsed, final.stop_type, final.finish_reason)
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    return message, finish_reason
+
+
+def split_reasoning(reasoning_plan, text: str, partial: bool = False) -> tuple[str | None, str]:
+    """(thinking or None, answer) of a chat reply under the request's reasoning plan."""
+    if reasoning_plan is None:
+        return None, text
+    split = reasoning_plan.split(text, partial)
+    return split.reasoning, split.content
 
 
 def chat_response(ctx: ResponseContext, finals: dict[int, FinalEvent]) -> dict:

@@ -70,13 +70,14 @@ async def props(request: Request) -> Response:
 
 def _template_caps(template) -> dict:
     supports_tools = bool(getattr(template, "supports_tools", False))
+    caps = getattr(template, "caps", None)  # probed by rendering (lamplight.chat.caps)
     return {
-        "supports_object_arguments": False,
+        "supports_object_arguments": bool(caps and caps.supports_object_arguments),
         "supports_parallel_tool_calls": False,
         "supports_preserve_reasoning": False,
         "supports_reasoning_effort": False,
         "supports_string_content": True,
-        "supports_system_role": True,
+        "supports_system_role": bool(caps is None or caps.supports_system_role),
         "supports_tool_calls": supports_tools,
         "supports_tools": supports_tools,
         "supports_typed_content": False,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -95,5 +97,6 @@ async def apply_template(request: Request) -> Response:
     body = await read_json_object(request)
     state = server_state(request)
     state.require_ready()
-    prompt = await run_in_threadpool(render_chat_prompt, body, state.model.chat_template)
+    prompt = await run_in_threadpool(functools.partial(render_chat_prompt, for_generation=False),
+                                    body, state.model.chat_template)
     return json_response({"prompt": prompt})

@@ -5,6 +5,8 @@ One formatter per streamed request; it remembers what each choice has streamed s
 
 from __future__ import annotations
 
+from typing import Any
+
 from lamplight.engine.types import Event, FinalEvent, PromptProgress, Timings, TokenEvent
 from lamplight.tools import ToolCallStream
 from lamplight.tools import finish_reason as tool_finish_reason
@@ -17,6 +19,7 @@ from .responses_openai import (
     chat_usage_chunk,
     completion_chunk,
     completion_final_chunk,
+    split_reasoning,
 )
 from .response_context import ResponseContext
 
@@ -129,6 +132,9 @@ class ChatStream(StreamFormat):
         plan = ctx.params.tool_plan
         self._plan = plan if plan is not None and plan.active else None
         self._tool_streams: dict[int, ToolCallStream] = {}
+        self._reasoning = ctx.params.reasoning
+        self._sent_reasoning: dict[int, int] = {}  # characters of reasoning_content sent per choice
+        self._sent_content: dict[int, int] = {}  # characters of content sent per choice (reasoning on)
 
     def on_progress(self, index: int, progress: PromptProgress) -> list[Payload]:
         delta = self._role_delta(index) or {}
@@ -139,17 +145,33 @@ class ChatStream(StreamFormat):
 
     def on_token(self, index: int, event: TokenEvent) -> list[Payload]:
         payloads = self._role_chunk(index)
+        if self._plan is None and self._reasoning is None:
+            if event.text or event.prob is not None:
+                delta = {"content": event.text} if event.text else {}
+                payloads.append(self._with_timings(chat_delta_chunk(self.ctx, index, delta, event.prob), index, event))
+            return payloads
+        if not event.text and event.prob is None:
+            return payloads
+        deltas = self._text_deltas(index, self.streamed[index], partial=True)[0] if event.text else []
+        if not deltas and event.prob is None:
+            return payloads
+        return payloads + self._delta_chunks(index, deltas or [{}], event)
+
+    def _text_deltas(self, index: int, text: str, partial: bool) -> tuple[list[dict], Any]:
+        """Deltas for what `text` adds: thinking first, then content or tool calls."""
+        reasoning, content = split_reasoning(self._reasoning, text, partial)
+        deltas = []
+        if reasoning is not None and len(reasoning) > self._sent_reasoning.get(index, 0):
+            deltas.append({"reasoning_content": reasoning[self._sent_reasoning.get(index, 0):]})
+            self._sent_reasoning[index] = len(reasoning)
         if self._plan is not None:
-            if not event.text and event.prob is None:
-                return payloads
-            deltas = self._tool_stream(index).update(self.streamed[index])[0] if event.text else []
-            if not deltas and event.prob is None:
-                return payloads
-            return payloads + self._delta_chunks(index, deltas or [{}], event)
-        if event.text or event.prob is not None:
-            delta = {"content": event.text} if event.text else {}
-            payloads.append(self._with_timings(chat_delta_chunk(self.ctx, index, delta, event.prob), index, event))
-        return payloads
+            tool_deltas, parsed = self._tool_stream(index).update(content, partial=partial)
+            return deltas + tool_deltas, parsed
+        sent = self._sent_content.get(index, 0)
+        if len(content) > sent:
+            deltas.append({"content": content[sent:]})
+            self._sent_content[index] = len(content)
+        return deltas, None
 
     def _delta_chunks(self, index: int, deltas: list[dict], event: TokenEvent) -> list[Payload]:
         chunks: list[Payload] = [chat_delta_chunk(self.ctx, index, delta) for delta in deltas[:-1]]
@@ -165,10 +187,11 @@ class ChatStream(StreamFormat):
     def on_final(self, index: int, final: FinalEvent, unsent: str) -> list[Payload]:
         payloads = self._role_chunk(index)
         finish_reason = None
-        if self._plan is not None:
-            deltas, parsed = self._tool_stream(index).update(final.content, partial=False)
+        if self._plan is not None or self._reasoning is not None:
+            deltas, parsed = self._text_deltas(index, final.content, partial=False)
             payloads += [chat_delta_chunk(self.ctx, index, delta) for delta in deltas]
-            finish_reason = tool_finish_reason(parsed, final.stop_type, final.finish_reason)
+            if parsed is not None:
+                finish_reason = tool_finish_reason(parsed, final.stop_type, final.finish_reason)
         elif unsent:
             payloads.append(chat_delta_chunk(self.ctx, index, {"content": unsent}))
         finish = chat_finish_chunk(self.ctx, index, final, finish_reason)

@@ -10,7 +10,7 @@ from .formats import (
     ParsedMessage,
     ToolFormat,
 )
-from .plan import ToolPlan, detect_format, plan_tool_calling, prompt_inputs
+from .plan import ToolPlan, detect_format, plan_tool_calling, prompt_inputs, template_tools
 from .spec import ToolCall, ToolRequestError, ToolSpec, new_tool_call_id
 from .stream import ToolCallStream, finish_reason, message_json
 
@@ -34,4 +34,5 @@ __all__ = [
     "new_tool_call_id",
     "plan_tool_calling",
     "prompt_inputs",
+    "template_tools",
 ]

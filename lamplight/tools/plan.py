@@ -102,5 +102,10 @@ def prompt_inputs(messages: Any, template: Any, plan: ToolPlan | None) -> tuple[
         normalized = normalize_messages(messages)
         if generic.has_tool_turns(normalized):
             messages = generic.history_messages(normalized)
-    tools = plan.raw_tools if plan is not None and supports_tools else None
-    return messages, tools
+    return messages, template_tools(template, plan)
+
+
+def template_tools(template: Any, plan: ToolPlan | None) -> list[dict] | None:
+    """The request's tools, for templates that render them."""
+    supports_tools = bool(getattr(template, "supports_tools", False))
+    return plan.raw_tools if plan is not None and supports_tools else None
