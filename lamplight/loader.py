@@ -49,9 +49,9 @@ def load(
     """
     path = resolve_model(spec, progress=progress)
     gguf = GGUFFile(path)
+    model = load_model(gguf)  # first: an unsupported architecture is named before anything else fails
     tokenizer = Tokenizer.from_gguf(gguf)
     template = resolve_chat_template(gguf.metadata, chat_template, chat_template_file)
-    model = load_model(gguf)
     kernels = "pytorch reference"
     if fast:
         why_not = attach_native(model, progress) if device == "cpu" else f"device {device}"

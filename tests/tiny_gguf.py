@@ -192,3 +192,135 @@ def write_tiny_lora(path: str | Path, targets: dict[str, tuple[int, int]], rank:
         w.add_tensor(name + ".lora_b", (rng.standard_normal((out_f, rank)) * 0.3).astype(np.float32))
     _finish(w)
     return Path(path)
+
+
+# -- the newer architectures ---------------------------------------------------------------------
+# One writer for all of them: each entry lists what the architecture's files hold beyond a llama
+# layer. Heads of 24 (with attention.key_length) where llama.cpp reads key_length, so that
+# head_dim != n_embd / n_head is exercised; small windows so sliding layers matter.
+TINY_ARCHS: dict[str, dict] = {
+    "qwen2": {"qkv_bias": True, "output_bias": True, "tied": True},
+    "qwen3": {"qk_norm": "head", "head_dim": 24},
+    "qwen3moe": {"qk_norm": "head", "head_dim": 24, "moe": {"n_expert": 4, "n_used": 2}},
+    "mistral3": {"keys": {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 16,
+                          "rope.scaling.yarn_beta_fast": 0.5, "rope.scaling.yarn_beta_slow": 0.05,
+                          "rope.scaling.yarn_log_multiplier": 1.0, "attention.temperature_scale": 0.3}},
+    "gemma2": {"post_norms": True, "head_dim": 24, "tied": True,
+               "keys": {"attention.sliding_window": 5, "attn_logit_softcapping": 4.0, "final_logit_softcapping": 15.0}},
+    "olmo2": {"pre_norms": False, "post_norms": True, "qk_norm": "full",
+              "keys": {"attention.sliding_window": 6, "attention.sliding_window_pattern": [True, False],
+                       "rope.scaling.type": "yarn", "rope.scaling.factor": 2.0, "rope.scaling.original_context_length": 64}},
+    "granite": {"keys": {"embedding_scale": 2.0, "residual_scale": 0.5, "attention.scale": 0.1, "logit_scale": 3.0}},
+    "phi3": {"fused": True, "keys": {"rope.dimension_count": 12}},
+    "gpt-oss": {"qkv_bias": True, "wo_bias": True, "sinks": True, "head_dim": 24, "ffn_norm": "post_attention_norm",
+                "moe": {"n_expert": 4, "n_used": 2, "bias": True, "qtype": Q.MXFP4},
+                "keys": {"attention.sliding_window": 5, "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                         "rope.scaling.original_context_length": 64}},
+}
+
+
+def write_tiny_arch(path: str | Path, arch: str, seed: int = 0, n_layers: int = 2, n_ctx: int = 256) -> Path:
+    """A tiny random `arch` file (one of TINY_ARCHS) with the byte-level BPE vocabulary."""
+    spec = TINY_ARCHS[arch]
+    rng = np.random.default_rng(seed)
+    tokens, types, merges, ids = _bpe_vocab()
+    n_embd, n_heads, n_kv, n_ff = 64, 4, 2, 128
+    head_dim = spec.get("head_dim", n_embd // n_heads)
+    w = _writer(path, arch, n_layers, n_ctx, n_embd, n_ff, n_heads, n_kv)
+    if head_dim != n_embd // n_heads:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(len(tokens))
+    if "moe" in spec:
+        w.add_expert_count(spec["moe"]["n_expert"])
+        w.add_expert_used_count(spec["moe"]["n_used"])
+        w.add_expert_feed_forward_length(32)
+    for key, value in spec.get("keys", {}).items():
+        if isinstance(value, list):  # a per-layer pattern, cycled over the layers
+            value = [value[i % len(value)] for i in range(n_layers)]
+        _add_arch_key(w, f"{arch}.{key}", value)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    _add_special_ids(w, ids)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML_TEMPLATE)
+    _add_linear(w, rng, "token_embd.weight", len(tokens), n_embd, Q.F32, 0.5)
+    dims = {"n_embd": n_embd, "q": n_heads * head_dim, "kv": n_kv * head_dim, "head_dim": head_dim, "n_heads": n_heads, "n_ff": n_ff}
+    for i in range(n_layers):
+        _add_tiny_layer(w, rng, f"blk.{i}.", spec, dims)
+    _add_norm(w, rng, "output_norm.weight", n_embd)
+    if not spec.get("tied"):
+        _add_linear(w, rng, "output.weight", len(tokens), n_embd, Q.Q8_0, 0.3)
+    if spec.get("output_bias"):
+        _add_bias(w, rng, "output.bias", len(tokens))
+    _finish(w)
+    return Path(path)
+
+
+def _add_arch_key(w: GGUFWriter, key: str, value) -> None:
+    if isinstance(value, str):
+        w.add_string(key, value)
+    elif isinstance(value, list):
+        w.add_array(key, value)
+    elif isinstance(value, float):
+        w.add_float32(key, value)
+    else:
+        w.add_uint32(key, value)
+
+
+def _add_bias(w: GGUFWriter, rng: np.random.Generator, name: str, *shape: int) -> None:
+    w.add_tensor(name, (0.3 * rng.standard_normal(shape)).astype(np.float32))
+
+
+def _add_tiny_layer(w: GGUFWriter, rng: np.random.Generator, p: str, spec: dict, d: dict) -> None:
+    n_embd = d["n_embd"]
+    if spec.get("pre_norms", True):
+        _add_norm(w, rng, p + "attn_norm.weight", n_embd)
+    if spec.get("fused"):
+        _add_linear(w, rng, p + "attn_qkv.weight", d["q"] + 2 * d["kv"], n_embd, Q.Q8_0, 0.2)
+    else:
+        for name, rows, qtype in (("attn_q", d["q"], Q.Q4_0), ("attn_k", d["kv"], Q.Q8_0), ("attn_v", d["kv"], Q.F16)):
+            _add_linear(w, rng, p + name + ".weight", rows, n_embd, qtype, 0.2)
+            if spec.get("qkv_bias"):
+                _add_bias(w, rng, p + name + ".bias", rows)
+    if spec.get("qk_norm"):
+        per_head = spec["qk_norm"] == "head"
+        _add_norm(w, rng, p + "attn_q_norm.weight", d["head_dim"] if per_head else d["q"])
+        _add_norm(w, rng, p + "attn_k_norm.weight", d["head_dim"] if per_head else d["kv"])
+    _add_linear(w, rng, p + "attn_output.weight", n_embd, d["q"], Q.Q8_0, 0.2)
+    if spec.get("wo_bias"):
+        _add_bias(w, rng, p + "attn_output.bias", n_embd)
+    if spec.get("sinks"):
+        _add_bias(w, rng, p + "attn_sinks.weight", d["n_heads"])
+    if spec.get("post_norms") or spec.get("ffn_norm") == "post_attention_norm":
+        _add_norm(w, rng, p + "post_attention_norm.weight", n_embd)
+    if spec.get("pre_norms", True) and "ffn_norm" not in spec:
+        _add_norm(w, rng, p + "ffn_norm.weight", n_embd)
+    if "moe" in spec:
+        _add_tiny_experts(w, rng, p, spec["moe"], n_embd)
+    elif spec.get("fused"):
+        _add_linear(w, rng, p + "ffn_up.weight", 2 * d["n_ff"], n_embd, Q.Q4_1, 0.2)
+    else:
+        _add_linear(w, rng, p + "ffn_gate.weight", d["n_ff"], n_embd, Q.Q4_0, 0.2)
+        _add_linear(w, rng, p + "ffn_up.weight", d["n_ff"], n_embd, Q.Q8_0, 0.2)
+    if "moe" not in spec:
+        _add_linear(w, rng, p + "ffn_down.weight", n_embd, d["n_ff"], Q.Q8_0, 0.2)
+    if spec.get("post_norms"):
+        _add_norm(w, rng, p + "post_ffw_norm.weight", n_embd)
+
+
+def _add_tiny_experts(w: GGUFWriter, rng: np.random.Generator, p: str, moe: dict, n_embd: int, n_ff: int = 32) -> None:
+    n_expert, qtype = moe["n_expert"], moe.get("qtype", Q.Q8_0)
+    _add_linear(w, rng, p + "ffn_gate_inp.weight", n_expert, n_embd, Q.F32, 0.5)
+    if moe.get("bias"):
+        _add_bias(w, rng, p + "ffn_gate_inp.bias", n_expert)
+    for name, out_f, in_f in (("ffn_gate_exps", n_ff, n_embd), ("ffn_up_exps", n_ff, n_embd), ("ffn_down_exps", n_embd, n_ff)):
+        data = (rng.standard_normal((n_expert, out_f, in_f)) * 0.3).astype(np.float32)
+        w.add_tensor(p + name + ".weight", quantize(data, qtype), raw_dtype=qtype)
+        if moe.get("bias"):
+            _add_bias(w, rng, p + name + ".bias", n_expert, out_f)

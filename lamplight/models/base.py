@@ -136,6 +136,10 @@ class WeightSource:
     def dense(self, name: str) -> torch.Tensor:
         return dequantize(self.info(name))
 
+    def optional_dense(self, name: str) -> torch.Tensor | None:
+        """A norm, bias or other small tensor that only some files (or architectures) have."""
+        return self.dense(name) if self.has(name) else None
+
     def info(self, name: str):
         info = self.gguf.tensors.get(name)
         if info is None:

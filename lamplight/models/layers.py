@@ -11,6 +11,7 @@ from ..gguf.file import TensorInfo
 from ..gguf.quant import dequantize
 from ..kernels.linear import DenseKernel
 from .batch import ForwardBatch
+from .rope_scaling import RopeScaling
 
 
 class QuantLinear(nn.Module):
@@ -121,13 +122,19 @@ class Rotary(nn.Module):
     halves (x_i, x_{i+d/2}). Only the first `n_rot` dimensions rotate.
     """
 
-    def __init__(self, n_rot: int, base: float, max_pos: int, neox: bool, freq_factors: torch.Tensor | None = None):
+    def __init__(self, n_rot: int, base: float, max_pos: int, neox: bool, freq_factors: torch.Tensor | None = None,
+                 scaling: RopeScaling | None = None):
         super().__init__()
         self.n_rot = n_rot
         self.neox = neox
         inv_freq = 1.0 / (base ** (torch.arange(0, n_rot, 2, dtype=torch.float64) / n_rot))
         if freq_factors is not None:
             inv_freq = inv_freq / freq_factors.to(torch.float64)
+        # Scaled ropes (YaRN, linear) change the frequencies and the rotated dims' magnitude; the
+        # tables stay unit rotations so that rotate_by (context shift) composes angles only.
+        scaling = scaling or RopeScaling()
+        inv_freq = scaling.inverse_frequencies(inv_freq, n_rot, base)
+        self.magnitude = scaling.magnitude()
         angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
@@ -136,6 +143,8 @@ class Rotary(nn.Module):
         """cos, sin and cos + i sin at `positions`, shaped to broadcast over heads: computed once
         per step and shared by every layer."""
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        if self.magnitude != 1.0:
+            cos, sin = cos * self.magnitude, sin * self.magnitude
         return cos, sin, torch.complex(cos, sin)
 
     def forward(self, x: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -164,7 +173,31 @@ class Rotary(nn.Module):
         return torch.cat((rotated, rest), dim=-1) if rest.numel() else rotated
 
 
-def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+class ScoreShaping:
+    """What some architectures do to attention scores beyond scale and mask, as llama.cpp does.
+
+    `softcap`: scores become softcap * tanh(scores / softcap) before the mask (gemma2).
+    `sinks`: one learned logit per query head joins every softmax and takes its share of the
+    probability without contributing a value (gpt-oss's attention sinks).
+    """
+
+    def __init__(self, softcap: float | None = None, sinks: torch.Tensor | None = None):
+        self.softcap = softcap or None
+        self.sinks = sinks
+
+    def cap(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores if self.softcap is None else torch.tanh(scores / self.softcap) * self.softcap
+
+    def softmax(self, scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+        """Softmax over the last dim; `sinks` (broadcast to scores[..., :1]) as an extra column."""
+        if sinks is None:
+            return torch.softmax(scores, dim=-1)
+        sinks = sinks.to(scores.dtype).expand(*scores.shape[:-1], 1)
+        return torch.softmax(torch.cat((scores, sinks), dim=-1), dim=-1)[..., :-1]
+
+
+def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float,
+                      shaping: ScoreShaping | None = None) -> torch.Tensor:
     """Attention for one query per sequence, as two batched matmuls over (KV head, sequence).
 
     Every operand is contiguous in one fixed layout and padding keys (aligned, biased to -inf)
@@ -177,8 +210,16 @@ def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     b, n_heads, d = q.shape
     n_kv, _, c, dv = values.shape
     grouped = q.view(b, n_kv, n_heads // n_kv, d).transpose(0, 1).reshape(n_kv * b, -1, d)
-    scores = torch.baddbmm(bias, grouped, keys.view(n_kv * b, c, d).transpose(1, 2), alpha=scale)
-    out = torch.bmm(torch.softmax(scores, dim=-1), values.view(n_kv * b, c, dv))  # [Hkv * B, G, Dv]
+    keys_t = keys.view(n_kv * b, c, d).transpose(1, 2)
+    if shaping is None:
+        probs = torch.softmax(torch.baddbmm(bias, grouped, keys_t, alpha=scale), dim=-1)
+    else:
+        scores = shaping.cap(torch.bmm(grouped, keys_t) * scale) + bias
+        sinks = None
+        if shaping.sinks is not None:  # per query head -> this layout's (KV head, sequence, group) rows
+            sinks = shaping.sinks.view(n_kv, 1, -1, 1).expand(n_kv, b, n_heads // n_kv, 1).reshape(n_kv * b, -1, 1)
+        probs = shaping.softmax(scores, sinks)
+    out = torch.bmm(probs, values.view(n_kv * b, c, dv))  # [Hkv * B, G, Dv]
     return out.view(n_kv, b, -1, dv).transpose(0, 1).reshape(b, n_heads * dv)
 
 
@@ -191,6 +232,7 @@ def paged_attention(
     batch: ForwardBatch,
     scale: float,
     window: int | None = None,
+    shaping: ScoreShaping | None = None,
 ) -> torch.Tensor:
     """Store this step's K/V in the pool, then attend every group of queries to its keys.
 
@@ -206,20 +248,36 @@ def paged_attention(
         keys, values = keys.to(q.dtype), values.to(q.dtype)
         b = keys.shape[1]
         if group.is_decode and group.leading_rows and b == n_tokens:
-            return _decode_attention(q, keys, values, group.decode_bias(window, n_kv, n_heads // n_kv), scale)
+            return _decode_attention(q, keys, values, group.decode_bias(window, n_kv, n_heads // n_kv), scale, shaping)
         if out is None:
             out = q.new_empty(n_tokens, n_heads * dv)
         if group.is_decode:
             bias = group.decode_bias(window, n_kv, n_heads // n_kv)
             rows = slice(0, b) if group.leading_rows else group.query_rows[:, 0]
-            out[rows] = _decode_attention(q[group.query_rows[:, 0]], keys, values, bias, scale)
+            out[rows] = _decode_attention(q[group.query_rows[:, 0]], keys, values, bias, scale, shaping)
             continue
         mask = group.mask if window is None else group.window_mask(window)
         gq = q[group.query_rows].transpose(1, 2)  # [B, H, Q, D]
-        attn = F.scaled_dot_product_attention(
-            gq, keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=True
-        )
+        if shaping is None:
+            attn = F.scaled_dot_product_attention(
+                gq, keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=True
+            )
+        else:
+            attn = _shaped_attention(gq, keys.transpose(0, 1), values.transpose(0, 1), mask, scale, shaping)
         attn = attn.transpose(1, 2).reshape(b, -1, n_heads * dv)  # [B, Q, H * Dv]
         valid = group.query_valid
         out[group.query_rows[valid]] = attn[valid]
     return out
+
+
+def _shaped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float,
+                      shaping: ScoreShaping) -> torch.Tensor:
+    """Prompt attention written out (SDPA has no softcap or sinks).
+
+    q: [B, H, Q, D]; keys, values: [B, Hkv, C, D]; mask: [B, 1, Q, C]. Returns [B, H, Q, Dv].
+    """
+    group = q.shape[1] // keys.shape[1]
+    keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+    scores = shaping.cap(torch.matmul(q, keys.transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf"))
+    sinks = None if shaping.sinks is None else shaping.sinks.view(1, -1, 1, 1)
+    return torch.matmul(shaping.softmax(scores, sinks), values)

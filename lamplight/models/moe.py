@@ -1,0 +1,97 @@
+"""Mixture-of-experts feed-forward layers (llama.cpp's build_moe_ffn).
+
+Expert weights stay as the GGUF stores them (3-D tensors, raw blocks): each step dequantizes
+only the experts its tokens selected, and runs each expert on the rows routed to it. A token's
+routing and result never depend on the other tokens of the step: the router is a per-row
+linear, and every expert matmul pads its rows like the batch-invariant dense kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..gguf.file import TensorInfo
+from ..gguf.quant import dequantize_rows
+from ..kernels.linear import BATCH_INVARIANT_ROWS, DenseKernel
+
+SWIGLU_OAI_ALPHA = 1.702  # gpt-oss's clamped SwiGLU (llama.cpp: ggml_swiglu_oai, fixed values)
+SWIGLU_OAI_LIMIT = 7.0
+
+
+def silu_glu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+def swiglu_oai(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gpt-oss: gate clamped above, up clamped both ways, then x * sigmoid(alpha x) * (up + 1)."""
+    gate = gate.clamp(max=SWIGLU_OAI_LIMIT)
+    up = up.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
+    return gate * torch.sigmoid(SWIGLU_OAI_ALPHA * gate) * (up + 1)
+
+
+class ExpertBank(nn.Module):
+    """One 3-D expert tensor [n_expert, out, in] (plus an optional bias [n_expert, out]),
+    read one expert at a time."""
+
+    def __init__(self, info: TensorInfo, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.info = info
+        self.n_expert, self.out_features, self.in_features = info.shape
+        self.register_buffer("bias", bias, persistent=False)
+
+    def expert(self, e: int, device: torch.device) -> DenseKernel:
+        """Expert e's float32 weight, dequantized from its blocks alone."""
+        rows = torch.arange(e * self.out_features, (e + 1) * self.out_features).numpy()
+        flat = TensorInfo(self.info.name, self.info.qtype, (self.info.data.shape[0], self.in_features), self.info.data)
+        return DenseKernel(dequantize_rows(flat, rows).to(device), torch.float32, BATCH_INVARIANT_ROWS)
+
+    def apply(self, x: torch.Tensor, e: int) -> torch.Tensor:
+        y = self.expert(e, x.device)(x)
+        return y if self.bias is None else y + self.bias[e]
+
+
+class MoEFeedForward(nn.Module):
+    """Router, top-k experts, weighted sum.
+
+    gating 'softmax' (qwen3moe): softmax over all experts, top-k of the probabilities, weights
+    renormalised to sum 1 when `normalize`. gating 'softmax_selected' (gpt-oss): top-k of the
+    raw router logits, softmax over the k selected.
+    """
+
+    def __init__(self, w, prefix: str, n_used: int, gating: str, normalize: bool, activation):
+        super().__init__()
+        self.router = w.linear(prefix + "ffn_gate_inp.weight")
+        self.register_buffer("router_bias", w.optional_dense(prefix + "ffn_gate_inp.bias"), persistent=False)
+        self.gate = self._bank(w, prefix + "ffn_gate_exps")
+        self.up = self._bank(w, prefix + "ffn_up_exps")
+        self.down = self._bank(w, prefix + "ffn_down_exps")
+        self.n_used, self.gating, self.normalize, self.activation = n_used, gating, normalize, activation
+
+    @staticmethod
+    def _bank(w, name: str) -> ExpertBank:
+        return ExpertBank(w.info(name + ".weight"), w.optional_dense(name + ".bias"))
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row: the selected experts [T, k] and their weights [T, k]."""
+        logits = self.router(x)
+        if self.router_bias is not None:
+            logits = logits + self.router_bias
+        if self.gating == "softmax_selected":
+            top, experts = logits.topk(self.n_used, dim=-1)
+            return experts, torch.softmax(top, dim=-1)
+        weights, experts = torch.softmax(logits, dim=-1).topk(self.n_used, dim=-1)
+        if self.normalize:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return experts, weights
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        experts, weights = self.route(x)
+        out = torch.zeros_like(x)
+        for e in experts.unique().tolist():  # ascending: each row sums its experts in one order
+            rows, slot = (experts == e).nonzero(as_tuple=True)
+            xe = x[rows]
+            y = self.down.apply(self.activation(self.gate.apply(xe, e), self.up.apply(xe, e)), e)
+            out.index_add_(0, rows, y * weights[rows, slot, None])
+        return out

@@ -1,0 +1,233 @@
+"""Every supported architecture against llama.cpp, and the engine's invariants on each.
+
+The goldens (shared/reference/archs/, see its README.md) are llama.cpp's logits for tiny
+random-weight files with an F32 KV cache. lamplight's reference path multiplies dequantized
+weights in float32, so it should match llama.cpp's run on the same weights stored as F32
+(`fp32_weights_diff` says how far that run is from the golden) and the `llama-f32` control to
+~1e-4. Run with -s to see the figures per architecture.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import load_jsonl, reference_dir
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFWriter
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize
+from test_engine import test_shifted_kv_equals_recomputation as check_shifted_kv
+from test_models import test_batched_sequences_equal_each_alone as check_batched_equal_alone
+from test_models import test_incremental_decode_equals_full_scoring as check_incremental_decode
+from tiny_gguf import TINY_ARCHS, write_tiny_arch
+
+import lamplight
+from lamplight.gguf.file import GGUFError, GGUFFile
+from lamplight.gguf.quant import dequantize_mxfp4
+from lamplight.kernels.fast_path import use_fast_path
+from lamplight.models import ARCHITECTURES, load_model
+from lamplight.models.layers import Rotary
+from lamplight.models.rope_scaling import RopeScaling, yarn_corr_dims
+from lamplight.models.scoring import greedy, score
+
+GOLDEN_ARCHS = ["llama", "qwen2", "qwen3", "mistral3", "gemma2", "olmo2", "granite", "phi3", "qwen3moe", "gpt-oss"]
+ATOL = 0.05  # on top of twice llama.cpp's own quantization noise (README's suggested check)
+TOP1_MARGIN = 0.3
+
+
+def _golden(arch: str) -> tuple[GGUFFile, list[dict]]:
+    rows = load_jsonl(f"archs/{arch}.logits.jsonl")
+    return GGUFFile(reference_dir() / "archs" / f"{arch}.gguf"), rows
+
+
+def _greedy_prompt_len() -> int:
+    """How many tokens of each sequence the goldens' greedy runs start from (index.json)."""
+    return int(json.loads((reference_dir() / "archs" / "index.json").read_text())["greedy_prompt_len"])
+
+
+@pytest.fixture(scope="module")
+def golden_models():
+    """Each golden file loaded once, on the reference path."""
+    cache: dict[str, object] = {}
+
+    def get(arch: str):
+        if arch not in cache:
+            gguf, rows = _golden(arch)
+            cache[arch] = (load_model(gguf), rows)
+        return cache[arch]
+
+    return get
+
+
+@pytest.mark.parametrize("arch", GOLDEN_ARCHS)
+def test_logits_match_llama_cpp(arch, golden_models):
+    model, rows = golden_models(arch)
+    worst, worst_excess, checked, greedy_ok = 0.0, -math.inf, 0, 0
+    for r, row in enumerate(rows):
+        mine = score(model, row["tokens"])
+        golden = torch.tensor(row["logits"])
+        noise = torch.tensor(row["fp32_weights_diff"])
+        diff = (mine - golden).abs().amax(dim=-1)
+        worst = max(worst, diff.max().item())
+        worst_excess = max(worst_excess, (diff - noise).max().item())
+        bad = (diff > ATOL + 2 * noise).nonzero().flatten().tolist()
+        assert not bad, f"{arch} sequence {r}: positions {bad} beyond the bound (max {diff.max():.3f})"
+        top2 = golden.topk(2, dim=-1).values
+        sure = (top2[:, 0] - top2[:, 1]) > TOP1_MARGIN + noise
+        checked += int(sure.sum())
+        assert torch.equal(mine.argmax(-1)[sure], golden.argmax(-1)[sure]), f"{arch} sequence {r}: top-1 differs"
+        prompt = row["tokens"][: _greedy_prompt_len()]
+        assert greedy(model, prompt, len(row["greedy_fp32_weights"])) == row["greedy_fp32_weights"], f"{arch} sequence {r}: greedy"
+        greedy_ok += 1
+    print(f"\n{arch}: max |logit diff| {worst:.4f} (bound {ATOL} + 2 x noise; beyond llama.cpp's F32-weights "
+          f"run by at most {worst_excess:.5f}), top-1 equal at {checked} sure positions, greedy {greedy_ok}/{len(rows)}")
+
+
+def test_f32_control_matches_to_1e4():
+    gguf, rows = _golden("llama-f32")
+    model = load_model(gguf)
+    worst = max((score(model, row["tokens"]) - torch.tensor(row["logits"])).abs().max().item() for row in rows)
+    print(f"\nllama-f32 control: max |logit diff| {worst:.2e}")
+    assert worst < 2e-4  # the goldens are rounded to 5 decimals
+
+
+@pytest.mark.parametrize("arch", GOLDEN_ARCHS[1:])
+def test_fast_path_agrees_with_reference(arch, golden_models):
+    """PyTorch's fast kernels (packed int4, int8 head) stay close to the reference path."""
+    reference, rows = golden_models(arch)
+    fast = use_fast_path(load_model(_golden(arch)[0]))
+    worst, agree, total = 0.0, 0, 0
+    for row in rows:
+        a, b = score(fast, row["tokens"]), score(reference, row["tokens"])
+        worst = max(worst, (a - b).abs().max().item())
+        agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+        total += a.shape[0]
+    print(f"\n{arch} fast path: max |diff| vs reference {worst:.3f}, top-1 agreement {agree}/{total}")
+    assert worst < 0.6 and agree >= 0.9 * total
+
+
+# -- tiny generated files: the engine's invariants on every new architecture ------------------------
+
+
+@pytest.fixture(scope="module", params=sorted(TINY_ARCHS))
+def tiny_arch(request, tmp_path_factory):
+    path = write_tiny_arch(tmp_path_factory.mktemp("arch") / f"{request.param}.gguf", request.param)
+    return path, load_model(GGUFFile(path))
+
+
+def test_incremental_decode_equals_full_scoring(tiny_arch):
+    check_incremental_decode(tiny_arch[1])
+
+
+def test_batched_sequences_equal_each_alone(tiny_arch):
+    """Decode tokens of several sequences in one step give each sequence's logits alone:
+    attention, sinks and MoE routing are per token."""
+    check_batched_equal_alone(tiny_arch[1])
+
+
+def test_shifted_kv_equals_recomputation(tiny_arch, tmp_path):
+    """Context shift re-rotates cached keys (scaled and partial ropes included) exactly."""
+    arch = GGUFFile(tiny_arch[0]).architecture
+    check_shifted_kv(lambda path, **kw: write_tiny_arch(path, arch, **kw), tmp_path)
+
+
+def test_engine_greedy_equals_reference(tiny_arch):
+    from lamplight.engine.config import EngineConfig
+    from lamplight.engine.engine import Engine
+    from lamplight.engine.types import FinalEvent, GenerationRequest
+    from lamplight.sampling import SamplingParams
+    from lamplight.tokenizer import Tokenizer
+
+    path, model = tiny_arch
+    ids = [5, 40, 77, 12, 9]
+    engine = Engine(model, Tokenizer.from_gguf(GGUFFile(path)), EngineConfig(n_ctx=256, n_parallel=2))
+    engine.start()
+    try:
+        handles = [engine.submit(GenerationRequest(ids, SamplingParams(temperature=0.0), n_predict=8, stop=())) for _ in range(2)]
+        finals = [[e for e in h.iter_events(timeout=60) if isinstance(e, FinalEvent)][0] for h in handles]
+    finally:
+        engine.stop()
+    expected = greedy(model, ids, 8)
+    for final in finals:
+        assert list(final.token_ids) == expected[: len(final.token_ids)]
+
+
+def test_fast_load_falls_back_to_pytorch_kernels(tiny_arch):
+    """No native forward for these architectures: `fast=True` serves them on PyTorch's kernels."""
+    path, reference = tiny_arch
+    loaded = lamplight.load(path, fast=True)
+    assert loaded.model.native is None and loaded.kernels.startswith("pytorch fast")
+    ids = list(range(20, 44))
+    fast, ref = score(loaded.model, ids), score(reference, ids)
+    assert (fast.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8
+    assert (fast - ref).abs().max() < 0.1 * ref.abs().max() + 0.5
+
+
+# -- loading rules and the pieces with hand-computed values -----------------------------------------
+
+
+def test_unsupported_architecture_is_refused_by_name(tmp_path):
+    w = GGUFWriter(str(tmp_path / "ds.gguf"), "deepseek2")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((8, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(GGUFError) as exc:
+        load_model(GGUFFile(tmp_path / "ds.gguf"))
+    message = str(exc.value)
+    assert "'deepseek2'" in message and all(arch in message for arch in ARCHITECTURES)
+
+
+def test_longrope_files_are_refused_clearly(tmp_path):
+    path = write_tiny_arch(tmp_path / "phi3.gguf", "phi3")
+    gguf = GGUFFile(path)
+    gguf.tensors["rope_factors_long.weight"] = gguf.tensors["output_norm.weight"]
+    with pytest.raises(GGUFError, match="LongRoPE"):
+        load_model(gguf)
+
+
+def test_mxfp4_dequantizes_like_ggml():
+    # One hand-built block: exponent byte 129 -> scale 2^(129 - 128) = 2; nibble 0x7 is 12 (6.0
+    # doubled), 0xF is -12, 0x1 is 1 (0.5 doubled); low nibbles are values 0..15, high ones 16..31.
+    block = np.zeros((1, 17), dtype=np.uint8)
+    block[0, 0] = 129
+    block[0, 1] = 0xF7  # value 0: 0x7 -> 24, value 16: 0xF -> -24
+    block[0, 2] = 0x01  # value 1: 0x1 -> 2
+    values = dequantize_mxfp4(block)[0]
+    assert values[0] == 24.0 and values[16] == -24.0 and values[1] == 2.0 and values[2:16].sum() == 0
+    data = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32) * 3
+    raw = quantize(data, Q.MXFP4)
+    np.testing.assert_array_equal(dequantize_mxfp4(raw), gguf_dequantize(raw, Q.MXFP4))
+
+
+def test_linear_rope_scaling_hand_computed():
+    """Linear scaling (factor 4): pair i at position p turns by p / 4 * base^(-2i / n_rot)."""
+    rope = Rotary(4, 100.0, 16, neox=False, scaling=RopeScaling("linear", freq_scale=0.25))
+    x = torch.tensor([[[1.0, 0.0, 1.0, 0.0]]])
+    out = rope(x, rope.angles(torch.tensor([8])))[0, 0]
+    # pair 0: angle 8 / 4 * 1 = 2; pair 1: angle 8 / 4 * 100^(-1/2) = 0.2
+    expected = torch.tensor([math.cos(2.0), math.sin(2.0), math.cos(0.2), math.sin(0.2)])
+    torch.testing.assert_close(out, expected)
+
+
+def test_yarn_rope_hand_computed():
+    """YaRN per ggml: corr dims from beta_fast/slow, pairs below keep their frequency, pairs above
+    are interpolated, cos/sin scaled by 1 + 0.1 ln(factor)."""
+    n_rot, base, n_ctx_orig = 8, 10000.0, 64
+    # corr_dim(b) = 8 ln(64 / (2 pi b)) / (2 ln 10000): b = 32 -> -0.50 (floor -1 -> 0), b = 1 -> 1.01 (ceil 2)
+    assert yarn_corr_dims(n_rot, n_ctx_orig, base, 32.0, 1.0) == (0.0, 2.0)
+    scaling = RopeScaling("yarn", freq_scale=0.5, n_ctx_orig=n_ctx_orig, ext_factor=1.0)
+    rope = Rotary(n_rot, base, 8, neox=True, scaling=scaling)
+    mscale = 1 + 0.1 * math.log(2.0)
+    ramp = [1.0, 0.5, 0.0, 0.0]  # 1 - (i - 0) / (2 - 0), clamped to [0, 1]
+    inv = [base ** (-2 * i / n_rot) for i in range(4)]
+    theta = [3 * f * (0.5 * (1 - r) + r) for f, r in zip(inv, ramp)]
+    cos, sin, _ = rope.angles(torch.tensor([3]))
+    torch.testing.assert_close(cos[0, 0], torch.tensor([mscale * math.cos(t) for t in theta]))
+    torch.testing.assert_close(sin[0, 0], torch.tensor([mscale * math.sin(t) for t in theta]))
