@@ -37,7 +37,7 @@ class Layer(ctypes.Structure):
         ("qkv", Linear), ("wo", Linear), ("gate_up", Linear), ("down", Linear),
         ("attn_norm", c_void_p), ("ffn_norm", c_void_p), ("q_norm", c_void_p), ("k_norm", c_void_p),
         ("post_attn_norm", c_void_p), ("post_ffn_norm", c_void_p),
-        ("rope", c_int32), ("window", c_int32),
+        ("rope", c_int32), ("window", c_int32), ("qk_norm_whole", c_int32), ("reserved", c_int32),
     ]
 
 
@@ -47,6 +47,8 @@ class Config(ctypes.Structure):
         ("head_dim_k", c_int32), ("head_dim_v", c_int32), ("n_ff", c_int32), ("vocab", c_int32),
         ("n_rot", c_int32), ("rope_neox", c_int32), ("activation", c_int32), ("rope_max_pos", c_int32),
         ("rms_eps", c_float), ("attn_scale", c_float), ("embd_scale", c_float), ("final_softcap", c_float),
+        ("residual_scale", c_float), ("logit_scale", c_float), ("attn_softcap", c_float),
+        ("qtemp_scale", c_float), ("qtemp_length", c_float), ("qtemp_offset", c_float),
         ("rope_cos", c_void_p * 2), ("rope_sin", c_void_p * 2),
         ("output_norm", c_void_p), ("head", Linear),
     ]

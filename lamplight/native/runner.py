@@ -17,7 +17,13 @@ import torch
 from ..gguf.quant import dequantize, dequantize_rows
 from ..models.base import CausalLM
 from ..models.batch import ForwardBatch
+from ..models.decoder import Decoder, gelu_tanh_fp16_table
+from ..models.moe import MoEFeedForward, silu_glu
 from . import abi
+
+# The configurable decoder's gate/up combinations the native forward computes. ggml's fp16 GELU
+# table (gemma2) is computed exactly instead of looked up: within fp16 rounding of it.
+_ACTIVATIONS = {silu_glu: abi.LP_ACT_SILU, gelu_tanh_fp16_table: abi.LP_ACT_GELU_TANH}
 
 KV_TYPES = {torch.float32: abi.LP_KV_F32, torch.float16: abi.LP_KV_F16, torch.bfloat16: abi.LP_KV_BF16}
 
@@ -137,27 +143,59 @@ class NativeModel:
 
     def _describe_config(self, model: CausalLM) -> abi.Config:
         cfg = model.config
-        arch = cfg.architecture
+        if cfg.head_dim_k % 8 or cfg.head_dim_v % 8 or cfg.n_embd > 8192:
+            raise NativeUnsupported(f"head sizes {cfg.head_dim_k}/{cfg.head_dim_v} or width {cfg.n_embd}")
         c = abi.Config()
         c.n_layers, c.n_embd, c.n_heads, c.n_kv_heads = cfg.n_layers, cfg.n_embd, cfg.n_heads, cfg.n_kv_heads
         c.head_dim_k, c.head_dim_v, c.n_ff, c.vocab = cfg.head_dim_k, cfg.head_dim_v, cfg.n_ff, cfg.vocab_size
         c.rms_eps, c.attn_scale = cfg.rms_eps, model.scale
-        if arch == "llama":
-            ropes, c.activation, c.embd_scale, c.final_softcap = [model.rope], abi.LP_ACT_SILU, 1.0, 0.0
-        elif arch == "gemma3":
+        c.embd_scale = c.residual_scale = c.logit_scale = 1.0
+        head_bias = None
+        if isinstance(model, Decoder):
+            ropes, head_bias = self._decoder_config(model, c)
+        elif cfg.architecture == "llama":
+            ropes, c.activation = [model.rope], abi.LP_ACT_SILU
+        elif cfg.architecture == "gemma3":
             ropes = [model.rope_local, model.rope_global]
             c.activation, c.embd_scale = abi.LP_ACT_GELU_TANH, model.embd_scale
             c.final_softcap = float(model.softcap or 0.0)
         else:
-            raise NativeUnsupported(f"no native forward for architecture {arch}")
+            raise NativeUnsupported(f"no native forward for architecture {cfg.architecture}")
         c.n_rot, c.rope_neox, c.rope_max_pos = ropes[0].n_rot, int(ropes[0].neox), ropes[0].cos.shape[0]
         for i, rope in enumerate(ropes):
-            c.rope_cos[i], c.rope_sin[i] = self._hold(rope.cos), self._hold(rope.sin)
+            # YaRN's magnitude scales the rotated values: folded into the tables (as `angles` does).
+            magnitude = getattr(rope, "magnitude", 1.0)
+            cos, sin = (rope.cos, rope.sin) if magnitude == 1.0 else (rope.cos * magnitude, rope.sin * magnitude)
+            c.rope_cos[i], c.rope_sin[i] = self._hold(cos), self._hold(sin)
         c.output_norm = self._hold(model.output_norm.weight)
-        c.head = self._linear([model.output] if model.output is not None else [_TiedHead(model)])
+        c.head = self._linear([model.output] if model.output is not None else [_TiedHead(model)], head_bias)
         return c
 
+    def _decoder_config(self, model, c: abi.Config) -> tuple[list, torch.Tensor | None]:
+        """The configurable decoder's options (lamplight.models.decoder), where the native
+        forward computes them; NativeUnsupported names what it does not."""
+        opts = model.opts
+        blocks = list(model.blocks)
+        if opts.moe is not None and any(isinstance(b.ffn, MoEFeedForward) for b in blocks):
+            raise NativeUnsupported("mixture-of-experts layers")
+        if any(b.attn.shaping is not None and b.attn.shaping.sinks is not None for b in blocks):
+            raise NativeUnsupported("attention sinks")
+        if opts.activation not in _ACTIVATIONS:
+            raise NativeUnsupported(f"the activation {opts.activation.__name__}")
+        if model.rope.neox != model.rope_sliding.neox or model.rope.n_rot != model.rope_sliding.n_rot:
+            raise NativeUnsupported("two rope layouts")
+        c.activation, c.embd_scale = _ACTIVATIONS[opts.activation], opts.embd_scale
+        c.residual_scale, c.logit_scale = opts.residual_scale, opts.logit_scale
+        c.final_softcap = float(opts.final_softcap or 0.0)
+        c.attn_softcap = float(opts.attn_softcap or 0.0)
+        if opts.query_temperature is not None:
+            t = opts.query_temperature
+            c.qtemp_scale, c.qtemp_length, c.qtemp_offset = t.scale, float(t.length), t.offset
+        return [model.rope, model.rope_sliding], model.output_bias
+
     def _describe_layer(self, model: CausalLM, i: int) -> abi.Layer:
+        if isinstance(model, Decoder):
+            return self._decoder_layer(model, i)
         blk = model.blocks[i]
         layer = abi.Layer()
         layer.qkv = self._linear(list(blk.qkv.members))
@@ -172,6 +210,25 @@ class NativeModel:
             layer.post_ffn_norm = self._hold(blk.post_ffn_norm.weight)
             layer.rope = int(blk.is_global)
             layer.window = 0 if blk.is_global else model.window
+        return layer
+
+    def _decoder_layer(self, model, i: int) -> abi.Layer:
+        blk = model.blocks[i]
+        attn, ffn = blk.attn, blk.ffn
+        layer = abi.Layer()
+        layer.qkv = self._linear(list(attn.qkv.members), attn.qkv_bias)
+        layer.wo = self._linear([attn.wo], attn.wo_bias)
+        layer.gate_up = self._linear(list(ffn.gate_up.members))
+        layer.down = self._linear([ffn.down])
+        norm = lambda module: self._hold(module.weight) if module is not None else None  # noqa: E731
+        layer.attn_norm, layer.ffn_norm = norm(blk.attn_norm), norm(blk.ffn_norm)
+        layer.post_attn_norm, layer.post_ffn_norm = norm(blk.post_attn_norm), norm(blk.post_ffn_norm)
+        qk_norms = [n for n in (attn.q_norm, attn.k_norm) if n is not None]
+        layer.q_norm = norm(attn.q_norm.norm) if attn.q_norm is not None else None
+        layer.k_norm = norm(attn.k_norm.norm) if attn.k_norm is not None else None
+        layer.qk_norm_whole = int(any(not n.per_head for n in qk_norms))
+        layer.rope = int(attn.rope is not model.rope)
+        layer.window = attn.window or 0
         return layer
 
     # -- one step --------------------------------------------------------------------------------

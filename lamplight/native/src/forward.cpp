@@ -317,6 +317,18 @@ void rope(float* x, const float* cos, const float* sin, int n_rot, bool neox) {
     }
 }
 
+// RMS norm of a row's heads in place: each head alone, or (`whole`) all of them as one vector.
+void norm_heads(float* x, const float* weight, bool whole, int n_heads, int d, float eps) {
+    if (!weight) return;
+    thread_local vector<float> tmp;
+    tmp.resize(whole ? (size_t)n_heads * d : (size_t)d);
+    int span = whole ? n_heads * d : d;
+    for (int h = 0; h < (whole ? 1 : n_heads); h++) {
+        rms_norm(x + h * d, weight, eps, span, tmp.data());
+        std::memcpy(x + h * d, tmp.data(), span * sizeof(float));
+    }
+}
+
 // Q/K norms, rotary embedding, and K/V into the pool, for one row.
 void prepare_row(const Model& m, const LpLayer& layer, int layer_index, const LpBatch& b, const LpKV& kv, int r, float* row) {
     const LpConfig& c = m.cfg;
@@ -324,21 +336,17 @@ void prepare_row(const Model& m, const LpLayer& layer, int layer_index, const Lp
     float* q = row;
     float* k = row + c.n_heads * dk;
     const float* v = k + c.n_kv_heads * dk;
-    float tmp[1024];
-    if (layer.q_norm)
-        for (int h = 0; h < c.n_heads; h++) {
-            rms_norm(q + h * dk, layer.q_norm, c.rms_eps, dk, tmp);
-            std::memcpy(q + h * dk, tmp, dk * sizeof(float));
-        }
-    if (layer.k_norm)
-        for (int h = 0; h < c.n_kv_heads; h++) {
-            rms_norm(k + h * dk, layer.k_norm, c.rms_eps, dk, tmp);
-            std::memcpy(k + h * dk, tmp, dk * sizeof(float));
-        }
+    norm_heads(q, layer.q_norm, layer.qk_norm_whole, c.n_heads, dk, c.rms_eps);
+    norm_heads(k, layer.k_norm, layer.qk_norm_whole, c.n_kv_heads, dk, c.rms_eps);
     int64_t pos = b.positions[r];
     const float* cos = c.rope_cos[layer.rope] + pos * (c.n_rot / 2);
     const float* sin = c.rope_sin[layer.rope] + pos * (c.n_rot / 2);
     for (int h = 0; h < c.n_heads; h++) rope(q + h * dk, cos, sin, c.n_rot, c.rope_neox);
+    if (c.qtemp_length > 0.0f) {
+        double steps = std::floor(((double)pos + c.qtemp_offset) / c.qtemp_length);
+        float factor = (float)(std::log(steps + 1.0) * c.qtemp_scale + 1.0);
+        for (int i = 0; i < c.n_heads * dk; i++) q[i] *= factor;
+    }
     for (int h = 0; h < c.n_kv_heads; h++) rope(k + h * dk, cos, sin, c.n_rot, c.rope_neox);
     int64_t slot = b.write_slots[r];
     for (int h = 0; h < c.n_kv_heads; h++) {
@@ -453,6 +461,8 @@ void attend_rows(const LpConfig& c, const float* q, const float* keys, const flo
     for (int i = 0; i < group; i++) {
         float* s = scores + i * n;
         score_keys(q + i * dk, keys, n, dk, c.attn_scale, s, zeros);
+        if (c.attn_softcap > 0.0f)
+            for (int64_t j = 0; j < n; j++) s[j] = std::tanh(s[j] / c.attn_softcap) * c.attn_softcap;
         float mx = -INFINITY;
         for (int64_t j = 0; j < n; j++) mx = std::max(mx, s[j]);
         for (int64_t j = 0; j < n; j++) s[j] = exp_approx(s[j] - mx);
@@ -525,15 +535,26 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
     });
 }
 
-// h += o, through the layer's post-norm first if it has one (Gemma).
-void add_residual(float* hr, const float* o, const float* post_norm, float eps, int E) {
+// h += o (times the residual scale), through the layer's post-norm first if it has one.
+void add_residual(float* hr, const float* o, const float* post_norm, const LpConfig& c) {
+    int E = c.n_embd;
+    float tmp[8192];
     if (post_norm) {
-        float tmp[8192];
-        rms_norm(o, post_norm, eps, E, tmp);
-        for (int i = 0; i < E; i++) hr[i] += tmp[i];
-    } else {
-        for (int i = 0; i < E; i++) hr[i] += o[i];
+        rms_norm(o, post_norm, c.rms_eps, E, tmp);
+        o = tmp;
     }
+    if (c.residual_scale != 1.0f)
+        for (int i = 0; i < E; i++) hr[i] += o[i] * c.residual_scale;
+    else
+        for (int i = 0; i < E; i++) hr[i] += o[i];
+}
+
+// The branch input: the normed residual stream, or the stream itself without a norm (olmo2).
+void branch_input(const float* hr, const float* norm, const LpConfig& c, float* x) {
+    if (norm)
+        rms_norm(hr, norm, c.rms_eps, c.n_embd, x);
+    else
+        std::memcpy(x, hr, c.n_embd * sizeof(float));
 }
 
 // One decoder layer. `pending`: the previous layer, whose MLP output (in m.out) is added to the
@@ -554,8 +575,8 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpL
     uint8_t* acts = acts_for(m.acts, T, E);
     for_rows(T, [&](int r, int) {
         float* hr = h + (int64_t)r * E;
-        if (pending) add_residual(hr, out + (int64_t)r * E, pending->post_ffn_norm, c.rms_eps, E);
-        rms_norm(hr, layer.attn_norm, c.rms_eps, E, x + (int64_t)r * E);
+        if (pending) add_residual(hr, out + (int64_t)r * E, pending->post_ffn_norm, c);
+        branch_input(hr, layer.attn_norm, c, x + (int64_t)r * E);
         quantize_row(x, E, r, acts);
     });
     timer.lap(P_NORM);
@@ -570,8 +591,8 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpL
     acts = acts_for(m.acts, T, E);
     for_rows(T, [&](int r, int) {
         float* hr = h + (int64_t)r * E;
-        add_residual(hr, out + (int64_t)r * E, layer.post_attn_norm, c.rms_eps, E);
-        rms_norm(hr, layer.ffn_norm, c.rms_eps, E, x + (int64_t)r * E);
+        add_residual(hr, out + (int64_t)r * E, layer.post_attn_norm, c);
+        branch_input(hr, layer.ffn_norm, c, x + (int64_t)r * E);
         quantize_row(x, E, r, acts);
     });
     timer.lap(P_RESIDUAL);
@@ -637,15 +658,18 @@ int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* log
     uint8_t* acts = acts_for(m.acts, b.n_logits, E);
     for_rows(b.n_logits, [&](int i, int) {
         float* hr = h + b.logit_rows[i] * E;
-        add_residual(hr, m.out.data() + b.logit_rows[i] * E, last.post_ffn_norm, c.rms_eps, E);
+        add_residual(hr, m.out.data() + b.logit_rows[i] * E, last.post_ffn_norm, c);
         rms_norm(hr, c.output_norm, c.rms_eps, E, normed + (int64_t)i * E);
         quantize_row(normed, E, i, acts);
     });
     linear(c.head, normed, b.n_logits, logits, m.acts, true, b.lora_scales);
-    if (c.final_softcap > 0.0f)
+    if (c.logit_scale != 1.0f || c.final_softcap > 0.0f)
         for_rows(b.n_logits, [&](int i, int) {
             float* row = logits + (int64_t)i * c.vocab;
-            for (int j = 0; j < c.vocab; j++) row[j] = std::tanh(row[j] / c.final_softcap) * c.final_softcap;
+            if (c.logit_scale != 1.0f)
+                for (int j = 0; j < c.vocab; j++) row[j] /= c.logit_scale;
+            if (c.final_softcap > 0.0f)
+                for (int j = 0; j < c.vocab; j++) row[j] = std::tanh(row[j] / c.final_softcap) * c.final_softcap;
         });
     timer.lap(P_HEAD);
     lp::pool_park();

@@ -46,14 +46,16 @@ typedef struct LpLayer {
     LpLinear wo;
     LpLinear gate_up;  // outputs: gate (n_ff) | up (n_ff)
     LpLinear down;
-    const float* attn_norm;
-    const float* ffn_norm;
-    const float* q_norm;          // per-head RMS norm weights [head_dim_k], or null
+    const float* attn_norm;       // or null: the branch reads the residual stream as it is (olmo2)
+    const float* ffn_norm;        // or null
+    const float* q_norm;          // RMS norm weights per head [head_dim_k] (or over all heads), or null
     const float* k_norm;
     const float* post_attn_norm;  // or null
     const float* post_ffn_norm;   // or null
     int32_t rope;                 // which rope table (0 or 1)
     int32_t window;               // sliding window in tokens, 0 = none
+    int32_t qk_norm_whole;        // 1: q_norm/k_norm normalise the whole projection (olmo2)
+    int32_t reserved;
 } LpLayer;
 
 enum { LP_ACT_SILU = 0, LP_ACT_GELU_TANH = 1 };
@@ -63,6 +65,12 @@ typedef struct LpConfig {
     int32_t n_layers, n_embd, n_heads, n_kv_heads, head_dim_k, head_dim_v, n_ff, vocab;
     int32_t n_rot, rope_neox, activation, rope_max_pos;
     float rms_eps, attn_scale, embd_scale, final_softcap;
+    float residual_scale;  // branch outputs times this before the residual add (granite: else 1)
+    float logit_scale;     // logits divided by this (granite: else 1)
+    float attn_softcap;    // scores become cap * tanh(scores / cap) (gemma2), 0 = none
+    // Query temperature (mistral3, llama 4): q *= 1 + scale * ln(floor((pos + offset) / length) + 1)
+    // after RoPE; length 0 = none.
+    float qtemp_scale, qtemp_length, qtemp_offset;
     const float* rope_cos[2];  // [rope_max_pos, n_rot / 2]
     const float* rope_sin[2];
     const float* output_norm;
