@@ -188,6 +188,29 @@ def test_generic_protocol_over_http(chatml, tiny_loaded):
     assert body["choices"][0]["finish_reason"] == "tool_calls"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_calls_cut_by_max_tokens_come_back_as_calls(chatml, stream):
+    """The generic grammar forces `{"tool_calls": [...]}`; cut two tokens before its end, the
+    answer holds the calls finished by then (a prefix of the uncut answer's), never the JSON."""
+    request = tool_request(tool_choice="required", seed=7)
+    whole = chatml.post("/v1/chat/completions", json=request).json()
+    assert whole["choices"][0]["finish_reason"] == "tool_calls"
+    uncut = [(c["function"]["name"], c["function"]["arguments"]) for c in whole["choices"][0]["message"]["tool_calls"]]
+    cut_request = {**request, "max_tokens": whole["usage"]["completion_tokens"] - 2, "stream": stream}
+    response = chatml.post("/v1/chat/completions", json=cut_request)
+    if stream:
+        content, streamed, finish = reassemble_stream(sse_events(response.text))
+        calls = [(c["name"], c["arguments"]) for c in streamed]
+        calls = calls[:-1] if calls and calls[-1] not in uncut else calls  # the cut one's fragments went out
+    else:
+        choice = response.json()["choices"][0]
+        content, finish = choice["message"]["content"], choice["finish_reason"]
+        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"].get("tool_calls", [])]
+    assert finish == "length"
+    assert not content, content
+    assert calls == uncut[:len(calls)]
+
+
 def test_tool_choice_none_neither_constrains_nor_parses(chatml):
     body = chatml.post("/v1/chat/completions", json=tool_request(tool_choice="none", max_tokens=4)).json()
     assert "tool_calls" not in body["choices"][0]["message"]

@@ -6,6 +6,8 @@ template capability checks do): a system role, tool-call arguments as objects, t
 - supports_object_arguments: a tool call's `arguments` object is rendered through its keys. When
   the template only concatenates them (functionary v3.2: `'...' + arguments`), it gets the JSON
   text instead.
+- supports_tool_calls / supports_parallel_tool_calls: an assistant turn's call (one; two) shows
+  by name in the output.
 """
 
 from __future__ import annotations
@@ -25,10 +27,14 @@ Render = Callable[[list[dict], bool, list[dict] | None], str]
 class TemplateCaps:
     supports_system_role: bool = True
     supports_object_arguments: bool = True
+    supports_tool_calls: bool = False
+    supports_parallel_tool_calls: bool = False
 
 
 def probe_caps(render: Render) -> TemplateCaps:
-    return TemplateCaps(_renders_system(render), _renders_object_arguments(render))
+    return TemplateCaps(_renders_system(render), _renders_object_arguments(render),
+                        _renders_calls(render, ["probe_first_call"]),
+                        _renders_calls(render, ["probe_first_call", "probe_second_call"]))
 
 
 def _renders(render: Render, messages: list[dict], needle: str) -> bool:
@@ -42,11 +48,27 @@ def _renders_system(render: Render) -> bool:
     return _renders(render, [{"role": "system", "content": _NEEDLE}, {"role": "user", "content": "Hi"}], _NEEDLE)
 
 
+def _call_conversation(names: list[str], arguments: dict | str) -> list[dict]:
+    # Nine-character ids: Mistral's templates refuse others.
+    calls = [{"id": f"call_{i}___", "type": "function", "function": {"name": name, "arguments": arguments}}
+             for i, name in enumerate(names)]
+    results = [{"role": "tool", "tool_call_id": call["id"], "content": "ok"} for call in calls]
+    return [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "", "tool_calls": calls},
+            *results, {"role": "user", "content": "Thanks"}]
+
+
 def _renders_object_arguments(render: Render) -> bool:
-    call = {"id": "call_1", "type": "function",
-            "function": {"name": "probe", "arguments": {"argument": _ARGUMENT_NEEDLE}}}
-    conversation = [{"role": "user", "content": "Hi"},
-                    {"role": "assistant", "content": "", "tool_calls": [call]},
-                    {"role": "tool", "tool_call_id": "call_1", "content": "ok"},
-                    {"role": "user", "content": "Thanks"}]
-    return _renders(render, conversation, _ARGUMENT_NEEDLE)
+    return _renders(render, _call_conversation(["probe"], {"argument": _ARGUMENT_NEEDLE}), _ARGUMENT_NEEDLE)
+
+
+def _renders_calls(render: Render, names: list[str]) -> bool:
+    """Every call of an assistant turn shows by name (llama.cpp's supports_tool_calls with one
+    call, supports_parallel_tool_calls with two)."""
+    for arguments in ({"argument": "x"}, '{"argument": "x"}'):  # as an object, else as JSON text
+        try:
+            text = render(_call_conversation(names, arguments), False, None)
+        except (ChatTemplateError, RecursionError):
+            continue
+        if all(name in text for name in names):
+            return True
+    return False

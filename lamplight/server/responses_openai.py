@@ -73,7 +73,7 @@ def chat_message(ctx: ResponseContext, final: FinalEvent) -> tuple[dict, str]:
         message = {"role": "assistant", "content": content}
         finish_reason = final.finish_reason
     else:
-        parsed = plan.parse(content)
+        parsed = plan.parse_final(content, final.stop_type)
         message = message_json(parsed)
         finish_reason = tool_finish_reason(parsed, final.stop_type, final.finish_reason)
     if reasoning is not None:

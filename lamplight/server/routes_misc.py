@@ -73,12 +73,12 @@ def _template_caps(template) -> dict:
     caps = getattr(template, "caps", None)  # probed by rendering (lamplight.chat.caps)
     return {
         "supports_object_arguments": bool(caps and caps.supports_object_arguments),
-        "supports_parallel_tool_calls": False,
+        "supports_parallel_tool_calls": bool(caps and caps.supports_parallel_tool_calls),
         "supports_preserve_reasoning": False,
         "supports_reasoning_effort": False,
         "supports_string_content": True,
         "supports_system_role": bool(caps is None or caps.supports_system_role),
-        "supports_tool_calls": supports_tools,
+        "supports_tool_calls": bool(caps and caps.supports_tool_calls),
         "supports_tools": supports_tools,
         "supports_typed_content": False,
     }

@@ -157,15 +157,18 @@ class ChatStream(StreamFormat):
             return payloads
         return payloads + self._delta_chunks(index, deltas or [{}], event)
 
-    def _text_deltas(self, index: int, text: str, partial: bool) -> tuple[list[dict], Any]:
-        """Deltas for what `text` adds: thinking first, then content or tool calls."""
+    def _text_deltas(self, index: int, text: str, partial: bool,
+                     stop_type: str | None = None) -> tuple[list[dict], Any]:
+        """Deltas for what `text` adds: thinking first, then content or tool calls. `stop_type`:
+        how the reply ended, for the final parse (partial False)."""
         reasoning, content = split_reasoning(self._reasoning, text, partial)
         deltas = []
         if reasoning is not None and len(reasoning) > self._sent_reasoning.get(index, 0):
             deltas.append({"reasoning_content": reasoning[self._sent_reasoning.get(index, 0):]})
             self._sent_reasoning[index] = len(reasoning)
         if self._plan is not None:
-            tool_deltas, parsed = self._tool_stream(index).update(content, partial=partial)
+            stream = self._tool_stream(index)
+            tool_deltas, parsed = stream.update(content) if partial else stream.finish(content, stop_type or "eos")
             return deltas + tool_deltas, parsed
         sent = self._sent_content.get(index, 0)
         if len(content) > sent:
@@ -188,7 +191,7 @@ class ChatStream(StreamFormat):
         payloads = self._role_chunk(index)
         finish_reason = None
         if self._plan is not None or self._reasoning is not None:
-            deltas, parsed = self._text_deltas(index, final.content, partial=False)
+            deltas, parsed = self._text_deltas(index, final.content, partial=False, stop_type=final.stop_type)
             payloads += [chat_delta_chunk(self.ctx, index, delta) for delta in deltas]
             if parsed is not None:
                 finish_reason = tool_finish_reason(parsed, final.stop_type, final.finish_reason)

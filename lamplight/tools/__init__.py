@@ -2,6 +2,10 @@
 
 from .formats import (
     FORMATS,
+    CommandR7BFormat,
+    DeepSeekR1Format,
+    DeepSeekV31Format,
+    GraniteFormat,
     GenericFormat,
     GrammarSource,
     HermesFormat,
@@ -16,6 +20,10 @@ from .stream import ToolCallStream, finish_reason, message_json
 
 __all__ = [
     "FORMATS",
+    "CommandR7BFormat",
+    "DeepSeekR1Format",
+    "DeepSeekV31Format",
+    "GraniteFormat",
     "GenericFormat",
     "GrammarSource",
     "HermesFormat",

@@ -9,6 +9,7 @@ Formats (chosen from the chat template's source, see detect.py):
 - llama3 (Llama 3.1+): `{"name": ..., "parameters": {...}}` as the whole reply, or after
   `<|python_tag|>` when the template has that token; one call per reply.
 - mistral (Mistral Nemo): `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "<9 alnum>"}, ...]`.
+- granite, command-r7b (MarkerArrayFormat), deepseek-r1, deepseek-v3.1 (HeadedCallsFormat): see README.md.
 
 Parsing: `parse(text, partial)`. With partial=True (streaming) an unfinished call is reported with
 the arguments so far (a prefix of its final arguments), text that may be the start of a call
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from .grammar_text import call_schema, lark_json, marker_grammar, marker_lark, one_of
 from .json_scan import JsonMalformed, Node, minify, partial_string_value, scan_value, skip_ws
-from .spec import ToolCall
+from .spec import ToolCall, ToolSpec
 
 if TYPE_CHECKING:
     from .plan import ToolPlan
@@ -68,15 +69,25 @@ def hold_back(text: str, markers: tuple[str, ...]) -> str:
     return text[:len(text) - cut].rstrip()
 
 
+@dataclass(frozen=True)
+class CallKeys:
+    """The keys of a call object: `{"name", "arguments"}` in most formats."""
+
+    name: str = "name"
+    arguments: tuple[str, ...] = ("arguments",)
+    id: str = "id"
+
+
 def call_from_object(text: str, node: Node, partial: bool, arguments_keys: tuple[str, ...] = ("arguments",),
-                     needs_id: bool = False) -> ToolCall | None:
+                     needs_id: bool = False, keys: CallKeys | None = None) -> ToolCall | None:
     """A call object -> ToolCall. None while partial and not yet reportable (name unknown, or
     `needs_id` and the id not yet known); _Malformed when it can never be a call."""
+    keys = keys or CallKeys(arguments=arguments_keys)
     if node.kind != "object":
         raise _Malformed
     if not node.complete and not partial:
         raise _Malformed
-    name_node = node.get(text, "name")
+    name_node = node.get(text, keys.name)
     if name_node is None or not name_node.complete:
         if node.complete or (name_node is not None and name_node.kind != "string"):
             raise _Malformed
@@ -84,7 +95,7 @@ def call_from_object(text: str, node: Node, partial: bool, arguments_keys: tuple
     name = name_node.value(text)
     if not isinstance(name, str) or not name:
         raise _Malformed
-    id_node = node.get(text, "id")
+    id_node = node.get(text, keys.id)
     call_id = None
     if id_node is not None and id_node.complete:
         call_id = id_node.value(text)
@@ -92,16 +103,17 @@ def call_from_object(text: str, node: Node, partial: bool, arguments_keys: tuple
             raise _Malformed
     elif needs_id and not node.complete:
         return None
-    args_node = next((n for key in arguments_keys if (n := node.get(text, key)) is not None), None)
+    args_node = next((n for key in keys.arguments if (n := node.get(text, key)) is not None), None)
+    return ToolCall(name, _arguments_text(text, node, args_node), call_id, complete=node.complete)
+
+
+def _arguments_text(text: str, call_node: Node, args_node: Node | None) -> str:
+    """A call's arguments as (a prefix of) their minified JSON text."""
     if args_node is None:
-        if node.complete:
-            return ToolCall(name, "{}", call_id)
-        return ToolCall(name, "", call_id)
+        return "{}" if call_node.complete else ""
     if args_node.kind == "string":  # arguments given as a JSON text
-        if not args_node.complete:
-            return ToolCall(name, "", call_id)
-        return ToolCall(name, args_node.value(text), call_id)
-    return ToolCall(name, minify(args_node.raw(text)), call_id)
+        return args_node.value(text) if args_node.complete else ""
+    return minify(args_node.raw(text))
 
 
 class ToolFormat:
@@ -115,6 +127,23 @@ class ToolFormat:
 
     def parse(self, text: str, partial: bool = False) -> ParsedMessage:
         raise NotImplementedError
+
+    def parse_cut(self, text: str) -> ParsedMessage:
+        """A reply cut short (max_tokens): its content and the calls it completed. An unfinished
+        call is dropped rather than returned as content: the wire text of a half-written call is
+        no answer (llama-server would return it as content)."""
+        parsed = self.parse(text, partial=True)
+        calls = [call for call in parsed.tool_calls if call.complete]
+        if parsed.tool_calls or not self._nothing_started(text, parsed.content):
+            return ParsedMessage(parsed.content, calls)
+        return self.parse(text, partial=False)
+
+    def _nothing_started(self, text: str, content: str) -> bool:
+        """The partial parse held back at most whitespace or the start of a marker: no call began."""
+        if not text.startswith(content):
+            return False
+        rest = text[len(content):].strip()
+        return not rest or any(trigger.startswith(rest) and rest != trigger for trigger in self.triggers)
 
 
 # -- generic ------------------------------------------------------------------------------------
@@ -318,23 +347,40 @@ class Llama3Format(ToolFormat):
         return ParsedMessage(content, [call] if call is not None else [])
 
 
-# -- Mistral Nemo ---------------------------------------------------------------------------------
+# -- a marker, then a JSON array of calls (Mistral Nemo, Granite, Command R7B) ---------------------
 
-class MistralFormat(ToolFormat):
-    name = "mistral"
-    title = "Mistral Nemo"
-    MARKER = "[TOOL_CALLS]"
-    triggers = (MARKER,)
-    ID_SCHEMA = {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}
+class MarkerArrayFormat(ToolFormat):
+    """`MARKER[{call}, ...]END`: text may come before the marker; END (if any) closes the array."""
+
+    MARKER = ""
+    END = ""
+    KEYS = CallKeys()
+    ID_SCHEMA: dict | None = None  # the model writes ids (required in the grammar) when set
+    ID_FIRST = False  # the id is the object's first key
+
+    @property
+    def triggers(self) -> tuple[str, ...]:  # type: ignore[override]
+        return (self.MARKER,)
+
+    def call_schema(self, tool: ToolSpec) -> dict:
+        extra = {self.KEYS.id: self.ID_SCHEMA} if self.ID_SCHEMA and self.ID_FIRST else None
+        schema = call_schema(tool, self.KEYS.arguments[0], extra, self.KEYS.name)
+        if self.ID_SCHEMA and not self.ID_FIRST:
+            schema["properties"][self.KEYS.id] = self.ID_SCHEMA
+            schema["required"].append(self.KEYS.id)
+        return schema
 
     def grammar(self, plan: "ToolPlan", tokenizer: Any) -> GrammarSource:
         marker, marker_is_token = marker_lark(tokenizer, self.MARKER)
-        items = one_of([call_schema(t, extra={"id": self.ID_SCHEMA}) for t in plan.callable_tools])
+        items = one_of([self.call_schema(t) for t in plan.callable_tools])
         array: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
         if not plan.parallel:
             array["maxItems"] = 1
+        calls = "calls"
+        if self.END:
+            calls += " " + marker_lark(tokenizer, self.END)[0]
         return GrammarSource("lark", marker_grammar(plan.choice == "required", marker, marker_is_token,
-                                                    "calls", ["calls: " + lark_json(array)]))
+                                                    calls, ["calls: " + lark_json(array)]))
 
     def parse(self, text: str, partial: bool = False) -> ParsedMessage:
         at = text.find(self.MARKER)
@@ -349,11 +395,11 @@ class MistralFormat(ToolFormat):
                 raise _Malformed
             if node.kind != "array" or (not node.complete and not partial):
                 raise _Malformed
-            if node.complete and skip_ws(text, node.end) != len(text):
+            if node.complete and not self._ends_well(text, node.end, partial):
                 raise _Malformed
             calls = []
             for item in node.items:
-                call = call_from_object(text, item, partial, needs_id=True)
+                call = call_from_object(text, item, partial, needs_id=self.ID_SCHEMA is not None, keys=self.KEYS)
                 if call is None:
                     break
                 calls.append(call)
@@ -363,5 +409,171 @@ class MistralFormat(ToolFormat):
             return ParsedMessage(text)
         return ParsedMessage(content, calls)
 
+    def _ends_well(self, text: str, end: int, partial: bool) -> bool:
+        """After the array: nothing, or the END marker (a prefix of it while streaming)."""
+        rest = text[skip_ws(text, end):]
+        if not self.END:
+            return not rest
+        return rest.startswith(self.END) and not rest[len(self.END):].strip() \
+            or (partial and self.END.startswith(rest))
 
-FORMATS = {"generic": GenericFormat, "hermes": HermesFormat, "llama3": Llama3Format, "mistral": MistralFormat}
+
+class MistralFormat(MarkerArrayFormat):
+    """Mistral Nemo: `[TOOL_CALLS][{"name", "arguments", "id": 9 alphanumerics}, ...]`."""
+
+    name = "mistral"
+    title = "Mistral Nemo"
+    MARKER = "[TOOL_CALLS]"
+    ID_SCHEMA = {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}
+
+
+class GraniteFormat(MarkerArrayFormat):
+    """IBM Granite 3.x: `<|tool_call|>[{"name", "arguments"}, ...]`."""
+
+    name = "granite"
+    title = "Granite"
+    MARKER = "<|tool_call|>"
+
+
+class CommandR7BFormat(MarkerArrayFormat):
+    """Command R7B: `<|START_ACTION|>[{"tool_call_id": "0", "tool_name", "parameters"}, ...]<|END_ACTION|>`;
+    its tool_call_id is the call's id (as llama-server takes it)."""
+
+    name = "command-r7b"
+    title = "Command R7B"
+    MARKER = "<|START_ACTION|>"
+    END = "<|END_ACTION|>"
+    KEYS = CallKeys(name="tool_name", arguments=("parameters",), id="tool_call_id")
+    ID_SCHEMA = {"type": "string", "pattern": "^[0-9]{1,10}$"}
+    ID_FIRST = True
+
+
+# -- a block of headed calls (DeepSeek R1, V3.1) ---------------------------------------------------
+
+class HeadedCallsFormat(ToolFormat):
+    """`BLOCK_OPEN (CALL_OPEN name NAME_END {arguments} CALL_CLOSE)+ BLOCK_CLOSE`, calls separated
+    by SEPARATOR. Markers are tuples of pieces: each piece that is one control token of the
+    vocabulary is matched as that token in the grammar. Whitespace between the arguments and
+    CALL_CLOSE's pieces is allowed when parsing (llama.cpp's close regexes allow it)."""
+
+    BLOCK_OPEN = ""
+    BLOCK_CLOSE = ""
+    CALL_OPEN: tuple[str, ...] = ()
+    NAME_END = ""
+    CALL_CLOSE: tuple[str, ...] = ()
+    SEPARATOR = ""
+
+    @property
+    def triggers(self) -> tuple[str, ...]:  # type: ignore[override]
+        return (self.BLOCK_OPEN,)
+
+    def grammar(self, plan: "ToolPlan", tokenizer: Any) -> GrammarSource:
+        def lark(*pieces: str) -> str:
+            return " ".join(marker_lark(tokenizer, piece)[0] for piece in pieces if piece)
+
+        block_open, open_is_token = marker_lark(tokenizer, self.BLOCK_OPEN)
+        named = [f"{lark(tool.name, self.NAME_END)} {lark_json(tool.parameters)}" for tool in plan.callable_tools]
+        rules = [f"call: {lark(*self.CALL_OPEN)} ({' | '.join(named)}) {lark(*self.CALL_CLOSE)}"]
+        more = f" ({lark(self.SEPARATOR)} call)*" if plan.parallel and self.SEPARATOR else " call*" if plan.parallel else ""
+        calls = f"call{more} {lark(self.BLOCK_CLOSE)}"
+        return GrammarSource("lark", marker_grammar(plan.choice == "required", block_open, open_is_token, calls, rules))
+
+    def parse(self, text: str, partial: bool = False) -> ParsedMessage:
+        at = text.find(self.BLOCK_OPEN)
+        if at < 0:
+            return ParsedMessage(hold_back(text, (self.BLOCK_OPEN,)) if partial else text)
+        try:
+            calls = self._calls(text, at + len(self.BLOCK_OPEN), partial)
+        except (_Malformed, JsonMalformed):
+            return ParsedMessage(text)
+        return ParsedMessage(text[:at], calls)
+
+    def _calls(self, text: str, pos: int, partial: bool) -> list[ToolCall]:
+        call_open = "".join(self.CALL_OPEN)
+        calls: list[ToolCall] = []
+        while True:
+            pos = skip_ws(text, pos)
+            rest = text[pos:]
+            if rest.startswith(self.BLOCK_CLOSE) and calls:
+                if rest[len(self.BLOCK_CLOSE):].strip():
+                    raise _Malformed
+                return calls
+            if partial and (self.BLOCK_CLOSE.startswith(rest) or call_open.startswith(rest)):
+                return calls  # also: the end of the text
+            if not rest and calls:
+                return calls  # generation ended without closing the block: the calls stand
+            if not rest.startswith(call_open):
+                raise _Malformed
+            call, next_pos = self._call(text, pos + len(call_open), partial)
+            if call is not None:
+                calls.append(call)
+            if next_pos is None:
+                return calls
+            pos = next_pos
+
+    def _call(self, text: str, pos: int, partial: bool) -> tuple[ToolCall | None, int | None]:
+        """One call from its name on -> (the call or None while its name is unfinished, where the
+        text continues or None at its end)."""
+        name_end = text.find(self.NAME_END, pos)
+        if name_end < 0:
+            tail = text[pos:]
+            if partial and "\n" not in tail[:len(tail) - held_prefix(tail, self.NAME_END)]:
+                return None, None  # the name, perhaps followed by the start of NAME_END
+            raise _Malformed
+        name = text[pos:name_end].strip()
+        if not name or "\n" in name:
+            raise _Malformed
+        node = scan_value(text, name_end + len(self.NAME_END))
+        if node is None or not node.complete:
+            if not partial:
+                raise _Malformed
+            arguments = minify(node.raw(text)) if node is not None else ""
+            if node is not None and node.kind != "object":
+                raise _Malformed
+            return ToolCall(name, arguments, complete=False), None
+        if node.kind != "object":
+            raise _Malformed
+        return ToolCall(name, minify(node.raw(text))), self._after_close(text, node.end, partial)
+
+    def _after_close(self, text: str, pos: int, partial: bool) -> int | None:
+        for piece in (piece.strip() for piece in self.CALL_CLOSE):
+            pos = skip_ws(text, pos)
+            rest = text[pos:]
+            if rest.startswith(piece):
+                pos += len(piece)
+            elif (partial and piece.startswith(rest)) or not rest:
+                return None
+            else:
+                raise _Malformed
+        return pos
+
+
+class DeepSeekR1Format(HeadedCallsFormat):
+    """DeepSeek R1: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```
+    <｜tool▁call▁end｜>` (calls separated by a newline) `<｜tool▁calls▁end｜>`."""
+
+    name = "deepseek-r1"
+    title = "DeepSeek R1"
+    BLOCK_OPEN = "<｜tool▁calls▁begin｜>"
+    BLOCK_CLOSE = "<｜tool▁calls▁end｜>"
+    CALL_OPEN = ("<｜tool▁call▁begin｜>", "function", "<｜tool▁sep｜>")
+    NAME_END = "\n```json\n"
+    CALL_CLOSE = ("\n```", "<｜tool▁call▁end｜>")
+    SEPARATOR = "\n"
+
+
+class DeepSeekV31Format(HeadedCallsFormat):
+    """DeepSeek V3.1: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`."""
+
+    name = "deepseek-v3.1"
+    title = "DeepSeek V3.1"
+    BLOCK_OPEN = DeepSeekR1Format.BLOCK_OPEN
+    BLOCK_CLOSE = DeepSeekR1Format.BLOCK_CLOSE
+    CALL_OPEN = ("<｜tool▁call▁begin｜>",)
+    NAME_END = "<｜tool▁sep｜>"
+    CALL_CLOSE = ("<｜tool▁call▁end｜>",)
+
+
+FORMATS = {"generic": GenericFormat, "hermes": HermesFormat, "llama3": Llama3Format, "mistral": MistralFormat,
+           "granite": GraniteFormat, "command-r7b": CommandR7BFormat, "deepseek-r1": DeepSeekR1Format,
+           "deepseek-v3.1": DeepSeekV31Format}

@@ -20,13 +20,13 @@ from .spec import ToolSpec
 ANY_TEXT = r"TEXT: /(.|\n)*/"
 
 
-def call_schema(tool: ToolSpec, arguments_key: str = "arguments", extra: dict | None = None) -> dict:
-    """`{"name": <the tool's name>, <arguments_key>: <its parameters>}` as a closed object."""
-    properties: dict[str, Any] = {"name": {"const": tool.name}, arguments_key: tool.parameters}
-    required = ["name", arguments_key]
-    for key, schema in (extra or {}).items():
-        properties[key] = schema
-        required.append(key)
+def call_schema(tool: ToolSpec, arguments_key: str = "arguments", extra: dict | None = None,
+                name_key: str = "name") -> dict:
+    """`{"name": <the tool's name>, <arguments_key>: <its parameters>}` as a closed object; `extra`
+    properties (required) come first, as formats that write an id before the name need."""
+    properties: dict[str, Any] = dict(extra or {})
+    properties.update({name_key: {"const": tool.name}, arguments_key: tool.parameters})
+    required = list(properties)
     return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 

@@ -4,6 +4,10 @@ and the parser for the answer.
 Format detection follows llama.cpp's template-substring checks (semantics doc 5.2), in its
 order, for the formats implemented here:
     template does not use `tools`                          -> generic
+    `message['prefix']` and `thinking`                     -> deepseek-v3.1
+    `<｜tool▁calls▁begin｜>`                                 -> deepseek-r1
+    `<|END_THINKING|><|START_ACTION|>`                     -> command-r7b
+    `elif thinking` and `<|tool_call|>`                    -> granite (3.x)
     `<tool_call>`                                          -> hermes (Hermes 2 Pro, Qwen 2.5/3)
     `<|start_header_id|>ipython<|end_header_id|>`          -> llama3 (+ `<|python_tag|>` if present)
     `[TOOL_CALLS]`                                         -> mistral (Nemo)
@@ -18,7 +22,19 @@ from typing import Any
 from lamplight.chat import normalize_messages
 
 from . import generic
-from .formats import GenericFormat, GrammarSource, HermesFormat, Llama3Format, MistralFormat, ParsedMessage, ToolFormat
+from .formats import (
+    CommandR7BFormat,
+    DeepSeekR1Format,
+    DeepSeekV31Format,
+    GenericFormat,
+    GraniteFormat,
+    GrammarSource,
+    HermesFormat,
+    Llama3Format,
+    MistralFormat,
+    ParsedMessage,
+    ToolFormat,
+)
 from .spec import ToolRequestError, ToolSpec, parse_tool_choice, parse_tools
 
 LLAMA3_IPYTHON = "<|start_header_id|>ipython<|end_header_id|>"
@@ -29,6 +45,14 @@ def detect_format(template: Any) -> ToolFormat:
     source = getattr(template, "source", "") or ""
     if template is None or not getattr(template, "supports_tools", False):
         return GenericFormat()
+    if "message['prefix']" in source and "thinking" in source:
+        return DeepSeekV31Format()
+    if DeepSeekR1Format.BLOCK_OPEN in source:
+        return DeepSeekR1Format()
+    if "<|END_THINKING|><|START_ACTION|>" in source:
+        return CommandR7BFormat()
+    if "elif thinking" in source and GraniteFormat.MARKER in source:
+        return GraniteFormat()
     if HermesFormat.OPEN in source:
         return HermesFormat()
     if LLAMA3_IPYTHON in source:
@@ -63,6 +87,13 @@ class ToolPlan:
 
     def parse(self, text: str, partial: bool = False) -> ParsedMessage:
         return self.format.parse(text, partial)
+
+    def parse_final(self, text: str, stop_type: str) -> ParsedMessage:
+        """The whole reply, by how it ended: cut by max_tokens ("limit", "none"), only its
+        finished calls count (ToolFormat.parse_cut)."""
+        if stop_type in ("limit", "none"):
+            return self.format.parse_cut(text)
+        return self.format.parse(text)
 
     def settings_echo(self) -> dict:
         """generation_settings keys that describe tool calling (llama-server's names)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 TOOL_CHOICES = ("auto", "none", "required")
@@ -43,6 +43,8 @@ class ToolCall:
     name: str
     arguments: str
     id: str | None = None  # the model's own id, for formats that have one
+    # False while its JSON is unfinished (a streamed prefix, or a reply cut by max_tokens).
+    complete: bool = field(default=True, compare=False)
 
 
 def new_tool_call_id() -> str:

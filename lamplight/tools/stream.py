@@ -57,7 +57,13 @@ class ToolCallStream:
 
     def update(self, text: str, partial: bool = True) -> tuple[list[dict], ParsedMessage]:
         """Parse the text so far -> (deltas to send, in order; the parse)."""
-        parsed = self.plan.parse(text, partial)
+        return self._deltas(self.plan.parse(text, partial))
+
+    def finish(self, text: str, stop_type: str) -> tuple[list[dict], ParsedMessage]:
+        """The last deltas, from the whole reply (ToolPlan.parse_final)."""
+        return self._deltas(self.plan.parse_final(text, stop_type))
+
+    def _deltas(self, parsed: ParsedMessage) -> tuple[list[dict], ParsedMessage]:
         deltas: list[dict] = []
         if len(parsed.content) > len(self.content) and parsed.content.startswith(self.content):
             deltas.append({"content": parsed.content[len(self.content):]})

@@ -1,0 +1,117 @@
+"""Tool calls cut by max_tokens: the complete calls come back as `tool_calls` with
+finish_reason "length", never the wire text of a half-written call, streamed or not. Parsers are
+checked on recorded cut replies of every format, the API on a scripted engine (exact replies);
+test_server_tools.py cuts the tiny model's grammar-forced calls."""
+
+from __future__ import annotations
+
+import copy
+
+import httpx
+import pytest
+from test_server_support import ScriptedEngine, ServerThread, sse_events
+from test_server_tools import HERMES_TEMPLATE, TINY_TOOLS, reassemble_stream
+from tiny_gguf import write_tiny_llama
+
+import lamplight
+from lamplight.chat import ChatTemplate
+from lamplight.engine.types import FinalEvent, Timings, TokenEvent
+from lamplight.server import ServerSettings, ServerState
+from lamplight.tools import GenericFormat, HermesFormat, Llama3Format, MistralFormat
+
+PICK = '{"name": "pick", "arguments": {"n": 1, "unit": "c"}}'
+PICK_ARGS = '{"n":1,"unit":"c"}'
+
+CUT_REPLIES = [
+    # (format, reply cut by max_tokens, expected content, expected complete calls)
+    (GenericFormat(), '{"tool_calls": [' + PICK + ', {"name": "flag", "argum', "", [("pick", PICK_ARGS)]),
+    (GenericFormat(), '{"tool_calls": [{"name": "pi', "", []),
+    (GenericFormat(), '{"tool_call": {"name": "pick", "arguments": {"n": 1', "", []),
+    (GenericFormat(), '{"response": "Hello wor', "Hello wor", []),
+    (HermesFormat(), "Sure.\n<tool_call>\n" + PICK + "\n</tool_call>\n<tool_call>\n{\"name\": \"fl",
+     "Sure.\n", [("pick", PICK_ARGS)]),
+    (HermesFormat(), "<tool_call>\n" + PICK + "\n</tool", "", [("pick", PICK_ARGS)]),
+    (HermesFormat(), "Just text, cut ", "Just text, cut ", []),
+    (Llama3Format(), '{"name": "pick", "parameters": {"n": ', "", []),
+    (MistralFormat(), '[TOOL_CALLS][{"name": "pick", "arguments": {"n": 1, "unit": "c"}, "id": "abcdefghi"}, {"na',
+     "", [("pick", PICK_ARGS)]),
+]
+
+
+@pytest.mark.parametrize("fmt, text, content, calls", CUT_REPLIES)
+def test_cut_reply_keeps_complete_calls_only(fmt, text, content, calls):
+    parsed = fmt.parse_cut(text)
+    assert parsed.content == content
+    assert [(call.name, call.arguments) for call in parsed.tool_calls] == calls
+
+
+# -- through the API, scripted -----------------------------------------------------------------
+
+def _final(content: str, n_decoded: int, stop_type: str) -> FinalEvent:
+    return FinalEvent(choice=0, content=content, token_ids=tuple(range(100, 100 + n_decoded)),
+                      stop_type=stop_type, stopping_word="", truncated=False, n_prompt=3, n_cached=0,
+                      n_decoded=n_decoded, tokens_cached=3 + n_decoded, id_slot=0,
+                      timings=Timings(0, 3, 1.0, n_decoded, 2.0), has_new_line=False)
+
+
+def script(text: str, stop_type: str = "limit", piece: int = 5) -> list:
+    """The engine's events for `text`, `piece` characters a token."""
+    pieces = [text[i:i + piece] for i in range(0, len(text), piece)]
+    tokens = [TokenEvent(choice=0, token_id=100 + n, text=p, n_decoded=n + 1) for n, p in enumerate(pieces)]
+    return tokens + [_final(text, len(pieces), stop_type)]
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory):
+    loaded = lamplight.load(str(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf")))
+    engine = ScriptedEngine()
+    servers = {}
+    for name, source in (("generic", None), ("hermes", HERMES_TEMPLATE)):
+        model = copy.copy(loaded)
+        if source is not None:
+            model.chat_template = ChatTemplate(source)
+        state = ServerState(ServerSettings())
+        state.attach(model, engine)
+        servers[name] = ServerThread(state).start()
+    yield engine, {name: server.url for name, server in servers.items()}
+    for server in servers.values():
+        server.stop()
+
+
+CUT_CASES = [
+    ("generic", '{"tool_calls": [' + PICK + ', {"name": "flag", "arguments": {"o', "required"),
+    ("hermes", "<tool_call>\n" + PICK + "\n</tool_call>\n<tool_call>\n{\"name\": \"flag\", \"arguments\": {\"o", "required"),
+    ("hermes", "<tool_call>\n" + PICK + "\n</tool_call>\n<tool_call>\n{\"name\": \"flag\", \"arg", "auto"),
+]
+
+
+@pytest.mark.parametrize("template, reply, choice", CUT_CASES)
+def test_cut_calls_over_the_api(scripted, template, reply, choice):
+    engine, urls = scripted
+    request = {"messages": [{"role": "user", "content": "hi"}], "tools": TINY_TOOLS, "tool_choice": choice,
+               "max_tokens": 30}
+    engine.script = script(reply)
+    body = httpx.post(f"{urls[template]}/v1/chat/completions", json=request, timeout=10).json()
+    choice_json = body["choices"][0]
+    assert choice_json["finish_reason"] == "length"
+    assert choice_json["message"]["content"] is None
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in choice_json["message"]["tool_calls"]] \
+        == [("pick", PICK_ARGS)]
+
+    engine.script = script(reply)
+    events = sse_events(httpx.post(f"{urls[template]}/v1/chat/completions", json={**request, "stream": True},
+                                   timeout=10).text)
+    content, calls, finish = reassemble_stream(events)
+    assert finish == "length" and content == ""
+    # The cut call's name and first fragments went out before the cut; the finished one is whole.
+    assert (calls[0]["name"], calls[0]["arguments"]) == ("pick", PICK_ARGS)
+    assert all("tool_calls\"" not in c["arguments"] for c in calls)
+
+
+def test_cut_response_text_is_content(scripted):
+    engine, urls = scripted
+    engine.script = script('{"response": "Hello wor')
+    body = httpx.post(f"{urls['generic']}/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "tools": TINY_TOOLS, "max_tokens": 9}, timeout=10).json()
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello wor"}
+    assert body["choices"][0]["finish_reason"] == "length"

@@ -1,0 +1,147 @@
+"""The native tool-call formats of DeepSeek R1/V3.1, Granite 3.x and Command R7B: recorded model
+replies (written from the real templates in the reference folder) parse to calls, streamed and
+not; grammars hold the model to each format; detection follows the template."""
+
+from __future__ import annotations
+
+import pytest
+from test_tools import test_streamed_deltas_reassemble_to_the_final_message as check_streamed_deltas
+from test_tools import compile_plan, plan, reassemble, tiny, walk  # noqa: F401 (tiny is a fixture)
+
+from lamplight.chat import ChatTemplate
+from lamplight.tools import (
+    CommandR7BFormat,
+    DeepSeekR1Format,
+    DeepSeekV31Format,
+    GraniteFormat,
+    ToolCallStream,
+    detect_format,
+    message_json,
+)
+
+TEMPLATES = "/work/shared/reference/templates/"
+
+DEEPSEEK_R1_TWO = (
+    "Let me look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+    '{"city": "Paris", "days": 2}\n```<｜tool▁call▁end｜>\n'
+    "<｜tool▁call▁begin｜>function<｜tool▁sep｜>noop\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+DEEPSEEK_V31_TWO = (
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\", \"days\": 2}"
+    "<｜tool▁call▁end｜><｜tool▁call▁begin｜>noop<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+GRANITE_TWO = '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}, ' \
+              '{"name": "noop", "arguments": {}}]'
+COMMAND_R7B_TWO = ('<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", '
+                   '"parameters": {"city": "Paris", "days": 2}},\n    {"tool_call_id": "1", "tool_name": "noop", '
+                   '"parameters": {}}\n]<|END_ACTION|>')
+TWO_CALLS = [("get_weather", '{"city":"Paris","days":2}'), ("noop", "{}")]
+
+RECORDED = [
+    (DeepSeekR1Format(), DEEPSEEK_R1_TWO, "Let me look."),
+    (DeepSeekV31Format(), DEEPSEEK_V31_TWO, ""),
+    (GraniteFormat(), GRANITE_TWO, ""),
+    (CommandR7BFormat(), COMMAND_R7B_TWO, ""),
+]
+
+
+@pytest.mark.parametrize("fmt, text, content", RECORDED)
+def test_recorded_replies_parse_to_calls(fmt, text, content):
+    parsed = fmt.parse(text)
+    assert parsed.content == content
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == TWO_CALLS
+
+
+def test_command_r7b_ids_are_the_models():
+    assert [c.id for c in CommandR7BFormat().parse(COMMAND_R7B_TWO).tool_calls] == ["0", "1"]
+
+
+@pytest.mark.parametrize("fmt, text", [
+    (DeepSeekR1Format(), "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\nnot json"),
+    (DeepSeekV31Format(), "<｜tool▁calls▁begin｜>get_weather{}"),
+    (GraniteFormat(), '<|tool_call|>{"name": "noop"}'),
+    (CommandR7BFormat(), '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "noop", "parameters": {}}] trailing'),
+])
+def test_malformed_calls_are_content(fmt, text):
+    parsed = fmt.parse(text)
+    assert parsed.content == text and not parsed.tool_calls
+
+
+@pytest.mark.parametrize("fmt, text, _content", RECORDED + [
+    (DeepSeekR1Format(), "Plain <｜tool▁calls answer, no calls.", None),
+    (GraniteFormat(), "Plain text <|tool_ and more", None),
+])
+def test_streamed_deltas_reassemble_to_the_final_message(fmt, text, _content):
+    check_streamed_deltas(fmt, text)
+
+
+@pytest.mark.parametrize("fmt, text", [(fmt, text) for fmt, text, _ in RECORDED])
+def test_cut_replies_keep_their_finished_calls(fmt, text):
+    for cut in range(1, len(text)):
+        parsed = fmt.parse_cut(text[:cut])
+        expected = [(c.name, c.arguments) for c in fmt.parse(text).tool_calls]
+        assert [(c.name, c.arguments) for c in parsed.tool_calls] == expected[:len(parsed.tool_calls)]
+        assert fmt.triggers[0] not in parsed.content  # never the wire text
+
+
+def one_call(fmt) -> str:
+    """The first recorded call alone, as a complete reply."""
+    return {
+        "deepseek-r1": DEEPSEEK_R1_TWO.split("\n<｜tool▁call▁begin｜>")[0].removeprefix("Let me look.")
+        + "<｜tool▁calls▁end｜>",
+        "deepseek-v3.1": DEEPSEEK_V31_TWO.split("<｜tool▁call▁begin｜>noop")[0] + "<｜tool▁calls▁end｜>",
+        "granite": '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}]',
+        "command-r7b": '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "get_weather", '
+                       '"parameters": {"city": "Paris", "days": 2}}]<|END_ACTION|>',
+    }[fmt.name]
+
+
+GRAMMAR_FORMATS = [DeepSeekR1Format(), DeepSeekV31Format(), GraniteFormat(), CommandR7BFormat()]
+
+
+@pytest.mark.parametrize("fmt", GRAMMAR_FORMATS, ids=lambda f: f.name)
+def test_grammars(tiny, fmt):
+    def check(text, choice="auto", parallel=True):
+        return walk(tiny, compile_plan(tiny, plan(fmt, choice, parallel)), text)
+
+    two = {"deepseek-r1": DEEPSEEK_R1_TWO.removeprefix("Let me look."), "deepseek-v3.1": DEEPSEEK_V31_TWO,
+           "granite": GRANITE_TWO, "command-r7b": COMMAND_R7B_TWO.replace("\n    ", "").replace("\n", "")}[fmt.name]
+    assert check(one_call(fmt), "required", parallel=False) == "done"
+    assert check(two, "required") in ("done", "accepting")
+    assert check(two, "required", parallel=False) == "refused"
+    assert check("Plain text " + one_call(fmt), "required") == "refused"
+    assert check("Plain text " + one_call(fmt), "auto") in ("done", "accepting")
+    assert check("Only text", "auto") == "accepting"
+    bad = one_call(fmt).replace('"Paris"', "3")  # city must be a string
+    assert check(bad, "required") == "refused"
+
+
+@pytest.mark.parametrize("template, name", [
+    ("llama-cpp-deepseek-r1.jinja", "deepseek-r1"),
+    ("ibm-granite-granite-3.3-2B-Instruct.jinja", "granite"),
+    ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "command-r7b"),
+    ("ibm-granite-granite-4.0.jinja", "hermes"),  # Granite 4 writes <tool_call> blocks
+    # The V3.1 template does not render `tools`: the generic protocol (lamplight's rule for such templates).
+    ("deepseek-ai-DeepSeek-V3.1.jinja", "generic"),
+])
+def test_detected_from_the_real_templates(template, name):
+    with open(TEMPLATES + template, encoding="utf-8") as handle:
+        assert detect_format(ChatTemplate(handle.read())).name == name
+
+
+def test_deepseek_v31_detection_by_its_source():
+    assert detect_format(ChatTemplate("{{ tools }}{{ message['prefix'] }}{% if thinking %}{% endif %}"
+                                      "<｜tool▁calls▁begin｜>")).name == "deepseek-v3.1"
+
+
+@pytest.mark.parametrize("template, tool_calls, parallel", [
+    ("Qwen-Qwen2.5-7B-Instruct.jinja", True, True),
+    ("llama-cpp-deepseek-r1.jinja", True, True),
+    ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", True, True),
+    ("meta-llama-Llama-3.1-8B-Instruct.jinja", True, False),  # raises on a second call
+    ("google-gemma-2-2b-it.jinja", False, False),
+])
+def test_template_caps_for_props(template, tool_calls, parallel):
+    from lamplight.server.routes_misc import _template_caps
+
+    with open(TEMPLATES + template, encoding="utf-8") as handle:
+        caps = _template_caps(ChatTemplate(handle.read()))
+    assert (caps["supports_tool_calls"], caps["supports_parallel_tool_calls"]) == (tool_calls, parallel)
