@@ -80,6 +80,31 @@ def golden_models():
     return get
 
 
+ROUTING_TIE = 0.005  # a gap this small between the k-th and the next expert's router probability
+
+
+def _near_tied_routing(model, tokens: list[int]) -> torch.Tensor:
+    """Per position: whether some MoE layer's expert choice is nearly tied on the reference path
+    (always False for dense models)."""
+    from lamplight.models.moe import MoEFeedForward
+
+    tied = torch.zeros(len(tokens), dtype=torch.bool)
+
+    def check(layer, inputs, _output):
+        nonlocal tied
+        probs = torch.softmax(layer.router(inputs[0]) + (layer.router_bias if layer.router_bias is not None else 0), -1)
+        top = probs.topk(layer.n_used + 1, dim=-1).values
+        tied |= (top[:, layer.n_used - 1] - top[:, layer.n_used]) < ROUTING_TIE
+
+    hooks = [b.ffn.register_forward_hook(check) for b in model.blocks if isinstance(getattr(b, "ffn", None), MoEFeedForward)]
+    try:
+        score(model, tokens)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return tied
+
+
 def _follows_greedy(tokens: list[int], row: dict) -> bool:
     """Equal to llama.cpp's own greedy run up to its first step with a top-1/top-2 margin below
     0.5, where 8-bit activation rounding may pick the other token (the goldens' README)."""
@@ -101,7 +126,10 @@ def test_logits_match_llama_cpp(arch, path, golden_models):
         diff = (mine - golden).abs().amax(dim=-1)
         worst = max(worst, diff.max().item())
         worst_excess = max(worst_excess, (diff - noise).max().item())
-        bad = (diff > ATOL + 2 * noise).nonzero().flatten().tolist()
+        beyond = diff > ATOL + 2 * noise
+        if path == "native":  # 8-bit activations may flip a near-tied expert choice, as in llama.cpp
+            beyond &= ~_near_tied_routing(golden_models(arch)[0], row["tokens"])
+        bad = beyond.nonzero().flatten().tolist()
         assert not bad, f"{arch} sequence {r}: positions {bad} beyond the bound (max {diff.max():.3f})"
         top2 = golden.topk(2, dim=-1).values
         sure = (top2[:, 0] - top2[:, 1]) > TOP1_MARGIN + noise
@@ -186,15 +214,11 @@ def test_engine_greedy_equals_reference(tiny_arch):
 
 
 def test_fast_load_serves_native_or_falls_back(tiny_arch):
-    """`fast=True` serves the dense architectures on the native forward and the mixture-of-experts
-    ones on PyTorch's kernels; both stay close to the reference path."""
+    """`fast=True` serves every architecture on the native forward (PyTorch's kernels without a
+    compiler); either stays close to the reference path."""
     path, reference = tiny_arch
     loaded = lamplight.load(path, fast=True)
-    moe = any(type(b.ffn).__name__ == "MoEFeedForward" for b in reference.blocks)
-    if moe:
-        assert loaded.model.native is None and loaded.kernels.startswith("pytorch fast")
-    else:
-        assert loaded.model.native is not None or loaded.kernels.startswith("pytorch fast (no C++ compiler")
+    assert loaded.model.native is not None or loaded.kernels.startswith("pytorch fast (no C++ compiler")
     ids = list(range(20, 44))
     fast, ref = score(loaded.model, ids), score(reference, ids)
     assert (fast.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8

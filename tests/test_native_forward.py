@@ -4,6 +4,7 @@ instruction-set build, and the fallback to PyTorch's kernels without a compiler.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from lamplight.gguf.file import GGUFFile
 from lamplight.models import load_model
 from lamplight.models.batch import SequenceChunk, build_forward_batch
 from lamplight.models.decoder import gelu_tanh_fp16_table
+from lamplight.models.moe import MoEFeedForward
 from lamplight.native import build, runtime
 from lamplight.native.runner import NativeModel
 
@@ -29,17 +31,17 @@ def _native(model, variant: str | None = None, packed: bool = True) -> NativeMod
     return NativeModel(model, lib, packed=packed)
 
 
-# The configurable decoder's dense architectures (biases, Q/K norms per head or whole, post-norms
-# only, scales, softcaps, YaRN and query temperature, fused tensors, partial rotary).
-DENSE_ARCHS = ["qwen2", "qwen3", "mistral3", "gemma2", "olmo2", "granite", "phi3"]
+# The configurable decoder's architectures (biases, Q/K norms per head or whole, post-norms only,
+# scales, softcaps, YaRN and query temperature, fused tensors, partial rotary, sinks, experts).
+DECODER_ARCHS = ["qwen2", "qwen3", "mistral3", "gemma2", "olmo2", "granite", "phi3", "qwen3moe", "gpt-oss"]
 
 
-@pytest.fixture(scope="module", params=["llama-q4_1", "llama-q8_0", "llama-q4_0", "gemma3", *DENSE_ARCHS])
+@pytest.fixture(scope="module", params=["llama-q4_1", "llama-q8_0", "llama-q4_0", "gemma3", *DECODER_ARCHS])
 def tiny(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("native") / f"{request.param}.gguf"
     if request.param == "gemma3":
         write_tiny_gemma3(path)
-    elif request.param in DENSE_ARCHS:
+    elif request.param in DECODER_ARCHS:
         write_tiny_arch(path, request.param)
     else:
         write_tiny_llama(path, qtype=Q[request.param.split("-")[1].upper()], n_embd=128)
@@ -82,7 +84,11 @@ def test_native_close_to_the_pytorch_path(tiny, kv_dtype):
     dense_tolerance = 1e-4 if kv_dtype == torch.float32 else 1e-3
     if getattr(getattr(tiny, "opts", None), "activation", None) is gelu_tanh_fp16_table:
         dense_tolerance = 1e-3  # the reference looks GELU up in ggml's fp16 table; native computes it
-    for packed, tolerance in ((False, dense_tolerance), (True, 0.1)):
+    # With experts, 8-bit activations can flip a near-tied expert choice (as in llama.cpp): a
+    # whole expert's output then differs, so packed MoE rows are held to the top token only
+    # (tests/test_archs.py bounds them against llama.cpp, excepting near-tied routing).
+    moe = any(isinstance(getattr(b, "ffn", None), MoEFeedForward) for b in tiny.blocks)
+    for packed, tolerance in ((False, dense_tolerance), (True, math.inf if moe else 0.1)):
         native = _native(tiny, packed=packed)
         cache = _cache(tiny, kv_dtype)
         got = _run(native, [[(BlockTable(cache), s, 0) for s in seqs]], cache)

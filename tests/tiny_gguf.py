@@ -219,13 +219,20 @@ TINY_ARCHS: dict[str, dict] = {
 }
 
 
-def write_tiny_arch(path: str | Path, arch: str, seed: int = 0, n_layers: int = 2, n_ctx: int = 256) -> Path:
-    """A tiny random `arch` file (one of TINY_ARCHS) with the byte-level BPE vocabulary."""
-    spec = TINY_ARCHS[arch]
+def write_tiny_arch(path: str | Path, arch: str, seed: int = 0, n_layers: int = 2, n_ctx: int = 256,
+                    shape: dict | None = None) -> Path:
+    """A tiny random `arch` file (one of TINY_ARCHS) with the byte-level BPE vocabulary. `shape`
+    overrides sizes (n_embd, n_heads, n_kv, n_ff, head_dim, expert_ff, n_expert, n_used) to
+    build larger files of the same kind (benchmarks)."""
+    shape = shape or {}
+    spec = dict(TINY_ARCHS[arch])
+    if "moe" in spec:
+        spec["moe"] = {**spec["moe"], **{k: shape[k] for k in ("n_expert", "n_used") if k in shape}}
     rng = np.random.default_rng(seed)
     tokens, types, merges, ids = _bpe_vocab()
-    n_embd, n_heads, n_kv, n_ff = 64, 4, 2, 128
-    head_dim = spec.get("head_dim", n_embd // n_heads)
+    n_embd, n_heads, n_kv, n_ff = (shape.get(k, d) for k, d in (("n_embd", 64), ("n_heads", 4), ("n_kv", 2), ("n_ff", 128)))
+    head_dim = shape.get("head_dim", spec.get("head_dim", n_embd // n_heads))
+    expert_ff = shape.get("expert_ff", 32)
     w = _writer(path, arch, n_layers, n_ctx, n_embd, n_ff, n_heads, n_kv)
     if head_dim != n_embd // n_heads:
         w.add_key_length(head_dim)
@@ -236,7 +243,7 @@ def write_tiny_arch(path: str | Path, arch: str, seed: int = 0, n_layers: int = 
     if "moe" in spec:
         w.add_expert_count(spec["moe"]["n_expert"])
         w.add_expert_used_count(spec["moe"]["n_used"])
-        w.add_expert_feed_forward_length(32)
+        w.add_expert_feed_forward_length(expert_ff)
     for key, value in spec.get("keys", {}).items():
         if isinstance(value, list):  # a per-layer pattern, cycled over the layers
             value = [value[i % len(value)] for i in range(n_layers)]
@@ -250,7 +257,8 @@ def write_tiny_arch(path: str | Path, arch: str, seed: int = 0, n_layers: int = 
     w.add_add_bos_token(False)
     w.add_chat_template(CHATML_TEMPLATE)
     _add_linear(w, rng, "token_embd.weight", len(tokens), n_embd, Q.F32, 0.5)
-    dims = {"n_embd": n_embd, "q": n_heads * head_dim, "kv": n_kv * head_dim, "head_dim": head_dim, "n_heads": n_heads, "n_ff": n_ff}
+    dims = {"n_embd": n_embd, "q": n_heads * head_dim, "kv": n_kv * head_dim, "head_dim": head_dim, "n_heads": n_heads,
+            "n_ff": n_ff, "expert_ff": expert_ff}
     for i in range(n_layers):
         _add_tiny_layer(w, rng, f"blk.{i}.", spec, dims)
     _add_norm(w, rng, "output_norm.weight", n_embd)
@@ -302,7 +310,7 @@ def _add_tiny_layer(w: GGUFWriter, rng: np.random.Generator, p: str, spec: dict,
     if spec.get("pre_norms", True) and "ffn_norm" not in spec:
         _add_norm(w, rng, p + "ffn_norm.weight", n_embd)
     if "moe" in spec:
-        _add_tiny_experts(w, rng, p, spec["moe"], n_embd)
+        _add_tiny_experts(w, rng, p, spec["moe"], n_embd, d["expert_ff"])
     elif spec.get("fused"):
         _add_linear(w, rng, p + "ffn_up.weight", 2 * d["n_ff"], n_embd, Q.Q4_1, 0.2)
     else:

@@ -26,6 +26,12 @@ from ..sampling import SamplingParams, SequenceSampler, sample_batch
 CONTEXT = 128  # tokens already in each sequence's cache when decode steps are timed
 
 
+def _token(n: int, model) -> int:
+    """A token id from n: ids 100..1099 as before, within a small test vocabulary's range."""
+    vocab = model.config.vocab_size
+    return n % 1000 + 100 if vocab > 1100 else n % vocab
+
+
 def _cache_dtype(model) -> torch.dtype:
     return torch.float16 if model.native is not None else torch.float32
 
@@ -38,12 +44,12 @@ def decode_step_ms(model, tokenizer, batch: int, steps: int, forward=None) -> fl
     for b in range(batch):
         table = BlockTable(cache)
         table.fill_to(CONTEXT)
-        ids = [(b * 7 + i * 13) % 1000 + 100 for i in range(CONTEXT)]
+        ids = [_token(b * 7 + i * 13, model) for i in range(CONTEXT)]
         model(build_forward_batch([SequenceChunk(ids, 0, table.slots(), need_logits=False)]), cache)
         tables.append(table)
     params = SamplingParams(temperature=0.8, seed=1)
     samplers = [SequenceSampler(params, tokenizer=tokenizer, n_ctx=4096, choice_index=i) for i in range(batch)]
-    tokens = [200] * batch
+    tokens = [_token(200, model)] * batch
     times = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -64,7 +70,7 @@ def decode_step_ms(model, tokenizer, batch: int, steps: int, forward=None) -> fl
 def prefill_tokens_per_s(model, n_tokens: int, chunk: int = 512) -> float:
     cache = KVCache(model.config.kv_layout, num_blocks=n_tokens // 16 + 2, block_size=16, dtype=_cache_dtype(model))
     table = BlockTable(cache)
-    ids = [(i * 31) % 1000 + 100 for i in range(n_tokens)]
+    ids = [_token(i * 31, model) for i in range(n_tokens)]
     start = time.perf_counter()
     for first in range(0, n_tokens, chunk):
         end = min(first + chunk, n_tokens)

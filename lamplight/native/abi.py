@@ -5,7 +5,9 @@ from __future__ import annotations
 import ctypes
 from ctypes import POINTER, c_char_p, c_float, c_int32, c_int64, c_size_t, c_void_p
 
-LP_ACT_SILU, LP_ACT_GELU_TANH = 0, 1
+LP_ACT_SILU, LP_ACT_GELU_TANH, LP_ACT_SWIGLU_OAI = 0, 1, 2
+LP_GATING_SOFTMAX, LP_GATING_SOFTMAX_SELECTED = 0, 1
+MAX_EXPERTS, MAX_EXPERTS_USED = 1024, 64
 LP_KV_F32, LP_KV_F16, LP_KV_BF16 = 0, 1, 2
 MAX_PARTS = 3
 PROFILE_PHASES = ("norm", "qkv", "rope_kv", "attention", "wo", "residual", "gate_up", "activation", "down", "head")
@@ -32,12 +34,21 @@ class Linear(ctypes.Structure):
                 ("n_loras", c_int32), ("reserved", c_int32), ("loras", POINTER(Lora))]
 
 
+class Experts(ctypes.Structure):
+    _fields_ = [
+        ("n_expert", c_int32), ("n_used", c_int32), ("n_ff", c_int32), ("gating", c_int32),
+        ("normalize", c_int32), ("activation", c_int32),
+        ("router", c_void_p), ("router_bias", c_void_p), ("gate_up", POINTER(Linear)), ("down", POINTER(Linear)),
+    ]
+
+
 class Layer(ctypes.Structure):
     _fields_ = [
         ("qkv", Linear), ("wo", Linear), ("gate_up", Linear), ("down", Linear),
         ("attn_norm", c_void_p), ("ffn_norm", c_void_p), ("q_norm", c_void_p), ("k_norm", c_void_p),
         ("post_attn_norm", c_void_p), ("post_ffn_norm", c_void_p),
         ("rope", c_int32), ("window", c_int32), ("qk_norm_whole", c_int32), ("reserved", c_int32),
+        ("sinks", c_void_p), ("moe", POINTER(Experts)),
     ]
 
 

@@ -36,6 +36,7 @@ FORMAT_OF = {
     Q.Q4_0: W4, Q.Q4_1: W4, Q.Q4_K: W4,
     Q.Q8_0: W8_32, Q.Q5_0: W8_32, Q.Q5_1: W8_32, Q.Q5_K: W8_32,
     Q.Q6_K: W8, Q.Q3_K: W8, Q.Q2_K: W8,
+    Q.MXFP4: W8_32,
 }
 SUPPORTED = frozenset(FORMAT_OF)
 
@@ -212,8 +213,17 @@ def _q2_k(b):
     return q.reshape(n_blocks, 256).view(np.int8), scale, mn, False
 
 
+# MXFP4's 4-bit codes as int8 multiples of half the block scale: w = 2^(e - 128) * q.
+_MXFP4_Q = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
+
+
+def _mxfp4(b):
+    scale = np.ldexp(np.float32(1.0), b[:, 0].astype(np.int32) - 128).astype(np.float32)
+    return _MXFP4_Q[_nibbles(b[:, 1:], 16)], scale, None, False
+
+
 _SPLITTERS = {
-    Q.Q4_0: _q4_0, Q.Q4_1: _q4_1, Q.Q4_K: _q4_k,
+    Q.Q4_0: _q4_0, Q.Q4_1: _q4_1, Q.Q4_K: _q4_k, Q.MXFP4: _mxfp4,
     Q.Q8_0: _q8_0, Q.Q5_0: _q5_0, Q.Q5_1: _q5_1, Q.Q5_K: _q5_k,
     Q.Q6_K: _q6_k, Q.Q3_K: _q3_k, Q.Q2_K: _q2_k,
 }

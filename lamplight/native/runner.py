@@ -18,12 +18,14 @@ from ..gguf.quant import dequantize, dequantize_rows
 from ..models.base import CausalLM
 from ..models.batch import ForwardBatch
 from ..models.decoder import Decoder, gelu_tanh_fp16_table
-from ..models.moe import MoEFeedForward, silu_glu
+from ..gguf.file import TensorInfo
+from ..models.moe import MoEFeedForward, silu_glu, swiglu_oai
 from . import abi
 
 # The configurable decoder's gate/up combinations the native forward computes. ggml's fp16 GELU
 # table (gemma2) is computed exactly instead of looked up: within fp16 rounding of it.
-_ACTIVATIONS = {silu_glu: abi.LP_ACT_SILU, gelu_tanh_fp16_table: abi.LP_ACT_GELU_TANH}
+_ACTIVATIONS = {silu_glu: abi.LP_ACT_SILU, gelu_tanh_fp16_table: abi.LP_ACT_GELU_TANH,
+                swiglu_oai: abi.LP_ACT_SWIGLU_OAI}
 
 KV_TYPES = {torch.float32: abi.LP_KV_F32, torch.float16: abi.LP_KV_F16, torch.bfloat16: abi.LP_KV_BF16}
 
@@ -175,13 +177,10 @@ class NativeModel:
         """The configurable decoder's options (lamplight.models.decoder), where the native
         forward computes them; NativeUnsupported names what it does not."""
         opts = model.opts
-        blocks = list(model.blocks)
-        if opts.moe is not None and any(isinstance(b.ffn, MoEFeedForward) for b in blocks):
-            raise NativeUnsupported("mixture-of-experts layers")
-        if any(b.attn.shaping is not None and b.attn.shaping.sinks is not None for b in blocks):
-            raise NativeUnsupported("attention sinks")
-        if opts.activation not in _ACTIVATIONS:
-            raise NativeUnsupported(f"the activation {opts.activation.__name__}")
+        activations = {opts.activation} | {b.ffn.activation for b in model.blocks if isinstance(b.ffn, MoEFeedForward)}
+        unknown = [a.__name__ for a in activations if a not in _ACTIVATIONS]
+        if unknown:
+            raise NativeUnsupported(f"the activation {', '.join(unknown)}")
         if model.rope.neox != model.rope_sliding.neox or model.rope.n_rot != model.rope_sliding.n_rot:
             raise NativeUnsupported("two rope layouts")
         c.activation, c.embd_scale = _ACTIVATIONS[opts.activation], opts.embd_scale
@@ -218,8 +217,13 @@ class NativeModel:
         layer = abi.Layer()
         layer.qkv = self._linear(list(attn.qkv.members), attn.qkv_bias)
         layer.wo = self._linear([attn.wo], attn.wo_bias)
-        layer.gate_up = self._linear(list(ffn.gate_up.members))
-        layer.down = self._linear([ffn.down])
+        if isinstance(ffn, MoEFeedForward):
+            layer.moe = self._experts(ffn)
+        else:
+            layer.gate_up = self._linear(list(ffn.gate_up.members))
+            layer.down = self._linear([ffn.down])
+        if attn.shaping is not None and attn.shaping.sinks is not None:
+            layer.sinks = self._hold(attn.shaping.sinks)
         norm = lambda module: self._hold(module.weight) if module is not None else None  # noqa: E731
         layer.attn_norm, layer.ffn_norm = norm(blk.attn_norm), norm(blk.ffn_norm)
         layer.post_attn_norm, layer.post_ffn_norm = norm(blk.post_attn_norm), norm(blk.post_ffn_norm)
@@ -230,6 +234,26 @@ class NativeModel:
         layer.rope = int(attn.rope is not model.rope)
         layer.window = attn.window or 0
         return layer
+
+    def _experts(self, ffn: MoEFeedForward):
+        """A mixture-of-experts layer: the router in float32, each expert packed on its own."""
+        n_expert = ffn.gate.n_expert
+        if n_expert > abi.MAX_EXPERTS or ffn.n_used > abi.MAX_EXPERTS_USED:
+            raise NativeUnsupported(f"{n_expert} experts, {ffn.n_used} used")
+        ex = abi.Experts()
+        ex.n_expert, ex.n_used, ex.n_ff = n_expert, ffn.n_used, ffn.gate.out_features
+        ex.gating = abi.LP_GATING_SOFTMAX_SELECTED if ffn.gating == "softmax_selected" else abi.LP_GATING_SOFTMAX
+        ex.normalize, ex.activation = int(ffn.normalize), _ACTIVATIONS[ffn.activation]
+        ex.router = self._hold(dequantize(ffn.router.info))
+        ex.router_bias = self._hold(ffn.router_bias) if ffn.router_bias is not None else None
+        gate_up, down = (abi.Linear * n_expert)(), (abi.Linear * n_expert)()
+        for e in range(n_expert):
+            gate_up[e] = self._linear([_Expert(ffn.gate, e), _Expert(ffn.up, e)], _joint_expert_bias(ffn, e))
+            down[e] = self._linear([_Expert(ffn.down, e)], _expert_bias(ffn.down, e))
+        self._keep += [gate_up, down, ex]
+        ex.gate_up = ctypes.cast(gate_up, ctypes.POINTER(abi.Linear))
+        ex.down = ctypes.cast(down, ctypes.POINTER(abi.Linear))
+        return ctypes.pointer(ex)
 
     # -- one step --------------------------------------------------------------------------------
 
@@ -282,6 +306,26 @@ def _pack_groups(infos: list) -> list[tuple[list, object]]:
         return [(infos, pack.pack_rows(infos))]
     except ValueError:  # mixed formats (e.g. Q4_K Q/K with a Q6_K V): one part each
         return [([i], pack.pack(i)) for i in infos]
+
+
+class _Expert:
+    """Expert e's slice of a 3-D expert tensor, as a 2-D weight (its rows of raw blocks)."""
+
+    def __init__(self, bank, e: int):
+        out, k = bank.out_features, bank.in_features
+        self.info = TensorInfo(f"{bank.info.name}[{e}]", bank.info.qtype, (out, k), bank.info.data[e * out:(e + 1) * out])
+
+
+def _expert_bias(bank, e: int):
+    return bank.bias[e] if bank.bias is not None else None
+
+
+def _joint_expert_bias(ffn: MoEFeedForward, e: int):
+    gate, up = _expert_bias(ffn.gate, e), _expert_bias(ffn.up, e)
+    if gate is None and up is None:
+        return None
+    zeros = torch.zeros(ffn.gate.out_features)
+    return torch.cat([gate if gate is not None else zeros, up if up is not None else zeros])
 
 
 class _TiedHead:

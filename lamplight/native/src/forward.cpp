@@ -203,6 +203,10 @@ struct Model {
     vector<float> shared_kv;  // converted keys of multi-row chunks (attention)
     vector<SharedKeys> shared;
     vector<int> chunk_of;
+    // Mixture of experts: each row's experts and weights, the rows of each expert, outputs.
+    vector<int> moe_selected;
+    vector<float> moe_weights, moe_outputs, moe_x, moe_gate_up, moe_act, moe_y;
+    vector<vector<int>> moe_rows;
 };
 
 template <class T>
@@ -452,8 +456,10 @@ KeyRange key_range(const LpLayer& layer, const LpBatch& b, int r) {
     return {first, pos + 1 - first};
 }
 
+// `sinks`: the group's attention-sink logits (one per query head, joining each softmax without
+// a value: gpt-oss), or null.
 void attend_rows(const LpConfig& c, const float* q, const float* keys, const float* values, int64_t n,
-                 float* out, vector<float>& scratch) {
+                 const float* sinks, float* out, vector<float>& scratch) {
     int dk = c.head_dim_k, dv = c.head_dim_v, group = c.n_heads / c.n_kv_heads;
     float* scores = grow(scratch, (size_t)n * group + dk);
     float* zeros = scores + n * group;
@@ -463,11 +469,12 @@ void attend_rows(const LpConfig& c, const float* q, const float* keys, const flo
         score_keys(q + i * dk, keys, n, dk, c.attn_scale, s, zeros);
         if (c.attn_softcap > 0.0f)
             for (int64_t j = 0; j < n; j++) s[j] = std::tanh(s[j] / c.attn_softcap) * c.attn_softcap;
-        float mx = -INFINITY;
+        float mx = sinks ? sinks[i] : -INFINITY;
         for (int64_t j = 0; j < n; j++) mx = std::max(mx, s[j]);
         for (int64_t j = 0; j < n; j++) s[j] = exp_approx(s[j] - mx);
         float sum = 0.0f;
         for (int64_t j = 0; j < n; j++) sum += s[j];
+        if (sinks) sum += exp_approx(sinks[i] - mx);
         weigh_values(s, values, n, dv, 1.0f / sum, out + (int64_t)i * dv);
     }
 }
@@ -518,20 +525,116 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
         KeyRange kr = key_range(layer, b, r);
         const float* q = qkv + (int64_t)r * n_qkv + (int64_t)g * group * dk;
         float* out = attn + r * n_attn + (int64_t)g * group * dv;
+        const float* sinks = layer.sinks ? layer.sinks + (int64_t)g * group : nullptr;
         vector<float>& scratch = m.thread_scratch[2 * thread];
         if (chunk_of[r] >= 0) {
             const SharedKeys& sk = shared[chunk_of[r]];
             const float* keys = keys_of(sk, g);
             const float* values = keys + (sk.hi - sk.lo) * dk;
             int64_t skip = kr.first - sk.lo;
-            attend_rows(c, q, keys + skip * dk, values + skip * dv, kr.n, out, scratch);
+            attend_rows(c, q, keys + skip * dk, values + skip * dv, kr.n, sinks, out, scratch);
             return;
         }
         const int64_t* slots = b.key_slots + b.key_offsets[r] + kr.first;
         float* keys = grow(m.thread_scratch[2 * thread + 1], (size_t)kr.n * (dk + dv));
         load_rows(kv.k[li], kv.k_type, (int64_t)g * kv.pool_tokens * dk, slots, kr.n, dk, keys);
         load_rows(kv.v[li], kv.v_type, (int64_t)g * kv.pool_tokens * dv, slots, kr.n, dv, keys + kr.n * dk);
-        attend_rows(c, q, keys, keys + kr.n * dk, kr.n, out, scratch);
+        attend_rows(c, q, keys, keys + kr.n * dk, kr.n, sinks, out, scratch);
+    });
+}
+
+
+// -- mixture of experts ----------------------------------------------------------------------
+
+inline float swiglu_oai(float gate, float up) {  // gpt-oss: clamped, x sigmoid(1.702 x) (up + 1)
+    gate = std::min(gate, 7.0f);
+    up = std::min(std::max(up, -7.0f), 7.0f);
+    return gate / (1.0f + exp_approx(-1.702f * gate)) * (up + 1.0f);
+}
+
+float gated(int activation, float gate, float up) {
+    if (activation == LP_ACT_SWIGLU_OAI) return swiglu_oai(gate, up);
+    if (activation == LP_ACT_GELU_TANH) return gelu_tanh(gate) * up;
+    return silu(gate) * up;
+}
+
+// The k largest of values[0..n) (ties: the lower index first), into chosen[0..k).
+void top_k(const float* values, int n, int k, int* chosen) {
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n; e++) {
+            bool taken = false;
+            for (int i = 0; i < j; i++) taken |= chosen[i] == e;
+            if (!taken && (best < 0 || values[e] > values[best])) best = e;
+        }
+        chosen[j] = best;
+    }
+}
+
+// One row's experts and weights (llama.cpp's gating), from the router's float32 logits.
+void route(const LpExperts& ex, const float* x, int E, int* chosen, float* weights) {
+    float logits[1024];
+    for (int e = 0; e < ex.n_expert; e++)
+        logits[e] = dot(x, ex.router + (int64_t)e * E, E) + (ex.router_bias ? ex.router_bias[e] : 0.0f);
+    int k = ex.n_used;
+    if (ex.gating == LP_GATING_SOFTMAX_SELECTED) {
+        top_k(logits, ex.n_expert, k, chosen);
+        float mx = logits[chosen[0]], sum = 0.0f;
+        for (int j = 0; j < k; j++) sum += weights[j] = std::exp(logits[chosen[j]] - mx);
+        for (int j = 0; j < k; j++) weights[j] /= sum;
+        return;
+    }
+    float mx = -INFINITY, sum = 0.0f;
+    for (int e = 0; e < ex.n_expert; e++) mx = std::max(mx, logits[e]);
+    for (int e = 0; e < ex.n_expert; e++) sum += logits[e] = std::exp(logits[e] - mx);
+    for (int e = 0; e < ex.n_expert; e++) logits[e] /= sum;
+    top_k(logits, ex.n_expert, k, chosen);
+    float total = 0.0f;
+    for (int j = 0; j < k; j++) total += weights[j] = logits[chosen[j]];
+    if (ex.normalize)
+        for (int j = 0; j < k; j++) weights[j] /= total;
+}
+
+// out [T, E] = each row's selected experts' outputs, weighted, summed in ascending expert order.
+// Each expert runs once on the rows that chose it; its matmuls are row-invariant, so a row's
+// result never depends on which other rows chose the same experts.
+void moe_forward(Model& m, const LpExperts& ex, const LpBatch& b, const float* x, float* out) {
+    const LpConfig& c = m.cfg;
+    int T = b.n_rows, E = c.n_embd, K = ex.n_used, F = ex.n_ff;
+    int* chosen = grow(m.moe_selected, (size_t)T * K);
+    float* weights = grow(m.moe_weights, (size_t)T * K);
+    for_rows(T, [&](int r, int) { route(ex, x + (int64_t)r * E, E, chosen + r * K, weights + r * K); });
+    m.moe_rows.resize(ex.n_expert);
+    for (auto& rows : m.moe_rows) rows.clear();
+    for (int i = 0; i < T * K; i++) m.moe_rows[chosen[i]].push_back(i);
+    float* outputs = grow(m.moe_outputs, (size_t)T * K * E);
+    for (int e = 0; e < ex.n_expert; e++) {
+        const vector<int>& rows = m.moe_rows[e];
+        int n = (int)rows.size();
+        if (!n) continue;
+        float* xe = grow(m.moe_x, (size_t)n * E);
+        for (int i = 0; i < n; i++) std::memcpy(xe + (int64_t)i * E, x + (int64_t)(rows[i] / K) * E, E * sizeof(float));
+        float* gu = grow(m.moe_gate_up, (size_t)n * 2 * F);
+        linear(ex.gate_up[e], xe, n, gu, m.acts);
+        float* act = grow(m.moe_act, (size_t)n * F);
+        for_rows(n, [&](int i, int) {
+            for (int f = 0; f < F; f++) act[(int64_t)i * F + f] = gated(ex.activation, gu[(int64_t)i * 2 * F + f], gu[(int64_t)i * 2 * F + F + f]);
+        });
+        float* y = grow(m.moe_y, (size_t)n * E);
+        linear(ex.down[e], act, n, y, m.acts);
+        for (int i = 0; i < n; i++) std::memcpy(outputs + (int64_t)rows[i] * E, y + (int64_t)i * E, E * sizeof(float));
+    }
+    for_rows(T, [&](int r, int) {
+        int order[64];
+        for (int j = 0; j < K; j++) order[j] = j;
+        std::sort(order, order + K, [&](int a, int b2) { return chosen[r * K + a] < chosen[r * K + b2]; });
+        float* o = out + (int64_t)r * E;
+        std::memset(o, 0, E * sizeof(float));
+        for (int j = 0; j < K; j++) {
+            const float* y = outputs + ((int64_t)r * K + order[j]) * E;
+            float w = weights[r * K + order[j]];
+            for (int i = 0; i < E; i++) o[i] += y[i] * w;
+        }
     });
 }
 
@@ -596,6 +699,11 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpL
         quantize_row(x, E, r, acts);
     });
     timer.lap(P_RESIDUAL);
+    if (layer.moe) {
+        moe_forward(m, *layer.moe, b, x, out);
+        timer.lap(P_DOWN);
+        return;
+    }
     linear(layer.gate_up, x, T, gu, m.acts, true, b.lora_scales);
     timer.lap(P_GATE_UP);
     acts = acts_for(m.acts, T, F);

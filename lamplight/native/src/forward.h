@@ -41,6 +41,18 @@ typedef struct LpLinear {
     const LpLora* loras;
 } LpLinear;
 
+// A mixture-of-experts feed-forward layer (llama.cpp's build_moe_ffn).
+typedef struct LpExperts {
+    int32_t n_expert, n_used, n_ff;  // n_ff: one expert's gate (and up) width
+    int32_t gating;                  // LP_GATING_*
+    int32_t normalize;               // softmax gating: renormalise the selected weights to sum 1
+    int32_t activation;              // LP_ACT_SILU or LP_ACT_SWIGLU_OAI
+    const float* router;             // [n_expert, n_embd] float32
+    const float* router_bias;        // [n_expert] or null
+    const LpLinear* gate_up;         // [n_expert], outputs gate (n_ff) | up (n_ff)
+    const LpLinear* down;            // [n_expert]
+} LpExperts;
+
 typedef struct LpLayer {
     LpLinear qkv;      // outputs: Q (n_heads * head_dim_k) | K (n_kv_heads * head_dim_k) | V
     LpLinear wo;
@@ -56,9 +68,13 @@ typedef struct LpLayer {
     int32_t window;               // sliding window in tokens, 0 = none
     int32_t qk_norm_whole;        // 1: q_norm/k_norm normalise the whole projection (olmo2)
     int32_t reserved;
+    const float* sinks;           // [n_heads] attention-sink logits (gpt-oss), or null
+    const LpExperts* moe;         // a mixture of experts instead of gate_up/down, or null
 } LpLayer;
 
-enum { LP_ACT_SILU = 0, LP_ACT_GELU_TANH = 1 };
+enum { LP_ACT_SILU = 0, LP_ACT_GELU_TANH = 1, LP_ACT_SWIGLU_OAI = 2 };
+// softmax: top-k of the softmax over all experts; selected: top-k of the logits, softmax over them.
+enum { LP_GATING_SOFTMAX = 0, LP_GATING_SOFTMAX_SELECTED = 1 };
 enum { LP_KV_F32 = 0, LP_KV_F16 = 1, LP_KV_BF16 = 2 };
 
 typedef struct LpConfig {
