@@ -24,9 +24,10 @@ pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C++ compile
 FP16_OFFSETS = {
     Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,),
     Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q2_K: (80, 82), Q.Q3_K: (108,),
+    Q.MXFP4: (),  # its scale is one E8M0 byte (see random_info)
 }
 # One type per packed format and flag combination.
-FORMAT_CASES = (Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0, Q.Q5_1, Q.Q6_K, Q.Q2_K)
+FORMAT_CASES = (Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0, Q.Q5_1, Q.Q6_K, Q.Q2_K, Q.MXFP4)
 
 
 def random_info(qtype, n: int, k: int, seed: int = 0) -> TensorInfo:
@@ -38,6 +39,8 @@ def random_info(qtype, n: int, k: int, seed: int = 0) -> TensorInfo:
     for offset in FP16_OFFSETS[qtype]:
         scales = (rng.standard_normal(blocks.shape[0]) * 0.01).astype(np.float16)
         blocks[:, offset:offset + 2] = scales.view(np.uint8).reshape(-1, 2)
+    if qtype == Q.MXFP4:  # scales 2^(e - 128) around 2^-4, as trained experts have
+        blocks[:, 0] = rng.integers(118, 130, size=blocks.shape[0])
     return TensorInfo(f"random {qtype.name}", qtype, (n, k), raw)
 
 
