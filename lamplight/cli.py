@@ -42,6 +42,11 @@ class _LoraAction(argparse.Action):
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("-m", "--model", default=DEFAULT_MODEL, help="GGUF path or built-in alias (default: %(default)s)")
+    add("-hf", "-hfr", "--hf-repo", dest="hf_repo", metavar="USER/REPO[:QUANT]",
+        help="model from the Hugging Face Hub, e.g. bartowski/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M "
+             "(default quant Q4_K_M, else the first GGUF); cached in huggingface_hub's cache")
+    add("-hff", "--hf-file", metavar="FILE", help="with -hf: this file of the repository instead of a quant")
+    add("-hft", "--hf-token", metavar="TOKEN", help="Hugging Face token for gated or private repos (default: $HF_TOKEN)")
     add("-a", "--alias", help="model name reported by the API (comma-separated aliases)")
     add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     add("--port", type=int, default=8080, help="port to listen on (default: %(default)s)")
@@ -94,6 +99,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--idle-timeout", type=float, default=5.0,
         help="seconds a connection may stay silent between requests before it is closed; llama-server's "
              "HTTP library uses 5 (default: %(default)s)")
+    add("--no-webui", dest="webui", action="store_false", default=True,
+        help="do not serve the chat page at / (default: served)")
+    add("--path", dest="static_path", metavar="DIR",
+        help="serve the static files in DIR at / instead of the built-in chat page")
     _add_limit_arguments(add)
     add("--sse-ping-interval", type=float, default=30.0,
         help="seconds of silence before an SSE keep-alive comment, <= 0 disables (default: %(default)s)")
@@ -135,6 +144,8 @@ def _sampling_defaults(args: argparse.Namespace) -> dict:
 
 def _startup_problem(args: argparse.Namespace) -> str | None:
     """Flags that cannot work, found before the port is bound."""
+    if args.static_path and not os.path.isdir(args.static_path):
+        return f"--path: not a directory: {args.static_path}"
     if args.slot_save_path and not os.path.isdir(args.slot_save_path):
         return f"--slot-save-path: not a directory: {args.slot_save_path}"
     for path, _ in args.lora_adapters:
@@ -164,6 +175,7 @@ def server_settings(args: argparse.Namespace):
         sse_ping_interval=args.sse_ping_interval, timeout=args.timeout, idle_timeout=args.idle_timeout,
         limits=_request_limits(args),
         slot_save_path=args.slot_save_path, spm_infill=args.spm_infill,
+        webui=args.webui, static_path=args.static_path,
     )
 
 
@@ -180,6 +192,11 @@ def run_serve(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.hf_repo:
+        model = _hub_model(args.hf_repo, args.hf_file, args.hf_token)
+        if model is None:
+            return 1
+        args.model = str(model)
     settings = server_settings(args)
     options = engine_options(args)
 
@@ -200,15 +217,49 @@ def run_serve(args: argparse.Namespace) -> int:
     return serve(ServerState(settings), load)
 
 
+def _hub_model(spec: str, filename: str | None, token: str | None):
+    """The local path of a Hub model (downloaded if needed), or None after saying why not."""
+    from lamplight.hf_hub import resolve_hf
+    from lamplight.sources import ModelSourceError
+
+    try:
+        return resolve_hf(spec, filename=filename, token=token, progress=_say)
+    except ModelSourceError as exc:
+        _say(f"error: {exc}")
+        return None
+
+
 def run_pull(args: argparse.Namespace) -> int:
     from lamplight.sources import ModelSourceError, pull
 
+    if "/" in args.alias or args.hf_file:  # user/repo[:QUANT]: from the Hugging Face Hub
+        path = _hub_model(args.alias, args.hf_file, args.hf_token)
+        if path is None:
+            return 1
+        print(path)
+        return 0
     try:
         path = pull(args.alias, progress=_say, force=args.force)
     except ModelSourceError as exc:
         print(f"lamplight pull: error: {exc}", file=sys.stderr)
         return 1
     print(path)
+    return 0
+
+
+def run_models(args: argparse.Namespace) -> int:
+    from lamplight.hf_hub import cached_hub_models
+    from lamplight.sources import ALIASES, cache_dir
+
+    rows = [(alias, str(cache_dir() / pkg.filename), (cache_dir() / pkg.filename).stat().st_size)
+            for alias, pkg in sorted(ALIASES.items()) if (cache_dir() / pkg.filename).is_file()]
+    rows += [(f"{repo}", name, size) for repo, name, size in cached_hub_models()]
+    if not rows:
+        print("no cached models (lamplight pull ALIAS or USER/REPO[:QUANT] fetches one)")
+        return 0
+    width = max(len(model) for model, _, _ in rows)
+    for model, file, size in rows:
+        print(f"{model:<{width}}  {size / 2**20:9.1f} MiB  {file}")
     return 0
 
 
@@ -220,9 +271,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_serve_arguments(commands.add_parser("serve", help="run the HTTP server (llama-server compatible flags)"))
     pull_parser = commands.add_parser("pull", help="download a built-in model alias into the cache")
-    pull_parser.add_argument("alias", help="e.g. smollm2-135m-instruct")
-    pull_parser.add_argument("--force", action="store_true", help="download again even if cached")
+    pull_parser.add_argument("alias", metavar="MODEL",
+                             help="a built-in alias (e.g. smollm2-135m-instruct) or a Hub repo USER/REPO[:QUANT]")
+    pull_parser.add_argument("--force", action="store_true", help="download an alias again even if cached")
+    pull_parser.add_argument("-hff", "--hf-file", metavar="FILE", help="a Hub repo's file instead of a quant")
+    pull_parser.add_argument("-hft", "--hf-token", metavar="TOKEN", help="Hugging Face token (default: $HF_TOKEN)")
     pull_parser.set_defaults(handler=run_pull)
+    models_parser = commands.add_parser("models", help="list the cached models: aliases and Hub files")
+    models_parser.set_defaults(handler=run_models)
     bench = commands.add_parser("bench", help="benchmark an OpenAI-compatible server")
     add_bench_arguments(bench)
     bench.set_defaults(handler=lambda args: args.bench_main(args))

@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from lamplight import __version__
 
-from . import routes_misc, routes_native, routes_openai
+from . import routes_misc, routes_native, routes_openai, webui
 from .errors import ApiError, invalid_request, not_found
 from .generation import ClientDisconnected
 from .middleware import HttpPolicyMiddleware
@@ -23,6 +23,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.lamplight = state
     for module in (routes_openai, routes_native, routes_misc):
         app.include_router(module.router)
+    app.include_router(webui.router)  # last: its catch-all GET serves only what no API route took
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

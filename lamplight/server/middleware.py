@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import ApiError, body_too_large, body_too_slow, invalid_api_key, model_loading
 from .state import ServerState
+from .webui import is_static_request
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
 SERVER_NAME = "lamplight"
@@ -59,6 +60,8 @@ class HttpPolicyMiddleware:
     def _reject(self, scope: Scope, headers: Headers) -> ApiError | None:
         if scope["method"] == "OPTIONS":
             return None
+        if is_static_request(self.state.settings, scope["method"], scope["path"]):
+            return None  # the chat page is public and shows the loading state itself
         if not self.state.ready:
             return model_loading()
         if self.state.settings.api_keys and scope["path"] not in PUBLIC_PATHS and not self._authorized(headers):

@@ -56,7 +56,7 @@ async def props(request: Request) -> Response:
         "endpoint_slots": settings.slots_endpoint,
         "endpoint_props": False,
         "endpoint_metrics": settings.metrics,
-        "ui": False,
+        "ui": settings.webui and settings.static_path is None,
         "ui_settings": {},
         "chat_template": template.source,
         "chat_template_caps": _template_caps(template),

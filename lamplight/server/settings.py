@@ -48,6 +48,8 @@ class ServerSettings:
     build_info: str = BUILD_INFO
     slot_save_path: str | None = None  # `--slot-save-path`: enables POST /slots/{id}?action=...
     spm_infill: bool = False  # `--spm-infill`: /infill puts the suffix before the prefix
+    webui: bool = True  # `--no-webui` turns the chat page at `/` off
+    static_path: str | None = None  # `--path DIR`: serve this folder at `/` instead of the chat page
 
     def origin_allowed(self, origin: str) -> bool:
         return "*" in self.cors_origins or origin in self.cors_origins

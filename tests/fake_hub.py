@@ -1,0 +1,130 @@
+"""A local stand-in for the part of the Hugging Face Hub's HTTP API that huggingface_hub uses to
+find and download files (point HF_ENDPOINT at it): model info with file sizes and LFS sha256s,
+HEAD/GET of `resolve/` URLs with ETags, commits and byte ranges, and the Hub's error headers
+(`X-Error-Code`) for a missing repo, a missing file and a gated repo."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote, urlparse
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@dataclass
+class FakeRepo:
+    files: dict[str, bytes]
+    gated_token: str | None = None  # set: only `Authorization: Bearer <token>` gets in
+    corrupt: set[str] = field(default_factory=set)  # served bytes differ from the reported sha256
+    drop_after: dict[str, int] = field(default_factory=dict)  # first GET closes after N bytes
+
+
+class FakeHub:
+    def __init__(self, repos: dict[str, FakeRepo]):
+        self.repos = repos
+        self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                hub._handle(self, body=True)
+
+            def do_HEAD(self):
+                hub._handle(self, body=False)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "FakeHub":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _handle(self, handler: BaseHTTPRequestHandler, body: bool) -> None:
+        path = unquote(urlparse(handler.path).path)
+        self.requests.append((handler.command, path, handler.headers.get("Range")))
+        info = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/[^/]+)?", path)
+        resolve = re.fullmatch(r"/([^/]+/[^/]+)/resolve/[^/]+/(.+)", path)
+        repo_id = (info or resolve).group(1) if (info or resolve) else None
+        repo = self.repos.get(repo_id)
+        if repo is None:
+            return _error(handler, 401, "RepoNotFound", "Repository not found")
+        if repo.gated_token and handler.headers.get("Authorization") != f"Bearer {repo.gated_token}":
+            return _error(handler, 401, "GatedRepo", "Access to this model is restricted")
+        if info:
+            return _send(handler, 200, json.dumps(_model_info(repo_id, repo)).encode(), "application/json", body)
+        name = resolve.group(2)
+        if name not in repo.files:
+            return _error(handler, 404, "EntryNotFound", "Entry not found")
+        self._send_file(handler, repo, name, body)
+
+    def _send_file(self, handler, repo: FakeRepo, name: str, body: bool) -> None:
+        data = repo.files[name]
+        sha = hashlib.sha256(data).hexdigest()
+        served = bytes(reversed(data)) if name in repo.corrupt else data
+        start = 0
+        match = re.fullmatch(r"bytes=(\d+)-", handler.headers.get("Range") or "")
+        if match:
+            start = int(match.group(1))
+        handler.send_response(206 if start else 200)
+        handler.send_header("Content-Type", "application/octet-stream")
+        handler.send_header("Content-Length", str(len(served) - start))
+        handler.send_header("ETag", f'"{sha}"')
+        handler.send_header("X-Linked-Etag", f'"{sha}"')
+        handler.send_header("X-Linked-Size", str(len(data)))
+        handler.send_header("X-Repo-Commit", COMMIT)
+        handler.send_header("Accept-Ranges", "bytes")
+        if start:
+            handler.send_header("Content-Range", f"bytes {start}-{len(served) - 1}/{len(served)}")
+        handler.end_headers()
+        if not body:
+            return
+        cut = repo.drop_after.pop(name, None)
+        if cut is not None:  # an interrupted transfer: part of the body, then the connection drops
+            handler.wfile.write(served[start:start + cut])
+            handler.wfile.flush()
+            handler.close_connection = True
+            handler.connection.shutdown(2)
+            return
+        handler.wfile.write(served[start:])
+
+
+def _model_info(repo_id: str, repo: FakeRepo) -> dict:
+    siblings = [{"rfilename": name, "size": len(data),
+                 "lfs": {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}}
+                for name, data in sorted(repo.files.items())]
+    return {"id": repo_id, "modelId": repo_id, "sha": COMMIT, "private": False,
+            "gated": "auto" if repo.gated_token else False, "siblings": siblings, "tags": ["gguf"]}
+
+
+def _error(handler, status: int, code: str, message: str) -> None:
+    body = json.dumps({"error": message}).encode()
+    handler.send_response(status)
+    handler.send_header("X-Error-Code", code)
+    handler.send_header("X-Error-Message", message)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    if handler.command != "HEAD":
+        handler.wfile.write(body)
+
+
+def _send(handler, status: int, data: bytes, content_type: str, body: bool) -> None:
+    handler.send_response(status)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    if body:
+        handler.wfile.write(data)

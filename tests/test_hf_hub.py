@@ -1,0 +1,170 @@
+"""`-hf USER/REPO[:QUANT]`, `lamplight pull USER/REPO[:QUANT]` and `lamplight models` against a
+local stand-in for the Hugging Face Hub (tests/fake_hub.py, via HF_ENDPOINT) serving tiny GGUFs:
+quant choice, split files, resume, hash check, offline use of the cache, and a plain message
+with a non-zero exit for each failure."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from fake_hub import FakeHub, FakeRepo
+from tiny_gguf import write_tiny_llama
+
+from lamplight.hf_hub import HubFile, available_quants, choose_gguf, parse_hf_spec
+from lamplight.sources import ModelSourceError
+
+REPO = "tester/Tiny-GGUF"
+
+
+@pytest.fixture(scope="module")
+def tiny_bytes(tmp_path_factory) -> bytes:
+    return write_tiny_llama(tmp_path_factory.mktemp("hub") / "tiny.gguf").read_bytes()
+
+
+@pytest.fixture
+def hub(tiny_bytes):
+    third = len(tiny_bytes) // 3
+    parts = [tiny_bytes[:third], tiny_bytes[third:2 * third], tiny_bytes[2 * third:]]
+    repos = {
+        REPO: FakeRepo({"tiny-Q8_0.gguf": tiny_bytes, "tiny-Q4_K_M.gguf": tiny_bytes, "README.md": b"# tiny",
+                        "mmproj-tiny-F16.gguf": b"not a model"}),
+        "tester/Split-GGUF": FakeRepo({f"Q8_0/tiny-Q8_0-{i:05d}-of-00003.gguf": part for i, part in enumerate(parts, 1)}),
+        "tester/Gated-GGUF": FakeRepo({"tiny-Q4_K_M.gguf": tiny_bytes}, gated_token="hf_secret"),
+        "tester/Corrupt-GGUF": FakeRepo({"tiny-Q4_K_M.gguf": tiny_bytes}, corrupt={"tiny-Q4_K_M.gguf"}),
+    }
+    with FakeHub(repos) as hub:
+        yield hub
+
+
+def lamplight(args: list[str], hub_url: str, home, offline: bool = False, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_ENDPOINT": hub_url, "HF_HOME": str(home), "HF_HUB_DISABLE_TELEMETRY": "1",
+           "HF_HUB_DISABLE_XET": "1", "LAMPLIGHT_CACHE": str(home / "lamplight")}
+    env.pop("HF_TOKEN", None)
+    env.pop("HF_HUB_OFFLINE", None)
+    if offline:
+        env["HF_HUB_OFFLINE"] = "1"
+    return subprocess.run([sys.executable, "-m", "lamplight.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=120, **kwargs)
+
+
+def test_quant_choice_follows_llama_cpp():
+    files = [HubFile(n) for n in ("a-Q4_K.gguf", "a-Q4_K_M.gguf", "a-Q8_0.gguf", "mmproj-a-F16.gguf", "README.md")]
+    assert choose_gguf(files, None, "r")[0].name == "a-Q4_K_M.gguf"  # the default
+    assert choose_gguf(files, "q4_k", "r")[0].name == "a-Q4_K.gguf"  # whole tokens, any case
+    assert choose_gguf(files[2:], None, "r")[0].name == "a-Q8_0.gguf"  # no Q4_K_M: the first GGUF
+    with pytest.raises(ModelSourceError, match="no Q2_K GGUF; available: Q4_K, Q4_K_M, Q8_0"):
+        choose_gguf(files, "Q2_K", "r")
+    split = [HubFile(f"b-Q8_0-0000{i}-of-00002.gguf") for i in (2, 1)]
+    assert choose_gguf(split, "Q8_0", "r")[0].name == "b-Q8_0-00001-of-00002.gguf"
+    assert available_quants(files) == ["F16", "Q4_K", "Q4_K_M", "Q8_0"]
+    assert parse_hf_spec("u/r:Q8_0") == ("u/r", "Q8_0") and parse_hf_spec("u/r") == ("u/r", None)
+    with pytest.raises(ModelSourceError):
+        parse_hf_spec("just-a-name")
+
+
+def test_pull_caches_lists_and_works_offline(hub, tmp_path, tiny_bytes):
+    pulled = lamplight(["pull", f"{REPO}:Q8_0"], hub.url, tmp_path)
+    assert pulled.returncode == 0, pulled.stderr
+    path = pulled.stdout.strip()
+    assert path.endswith("tiny-Q8_0.gguf") and open(path, "rb").read() == tiny_bytes
+    assert "hub" in path  # huggingface_hub's cache, under HF_HOME
+    default = lamplight(["pull", REPO], hub.url, tmp_path)
+    assert default.returncode == 0 and default.stdout.strip().endswith("tiny-Q4_K_M.gguf")
+
+    offline = lamplight(["pull", f"{REPO}:Q8_0"], "http://127.0.0.1:9", tmp_path, offline=True)
+    assert offline.returncode == 0 and offline.stdout.strip() == path
+    missing = lamplight(["pull", "tester/Split-GGUF"], hub.url, tmp_path, offline=True)
+    assert missing.returncode == 1 and "not in the Hugging Face cache" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+    listed = lamplight(["models"], hub.url, tmp_path)
+    assert listed.returncode == 0
+    assert f"{REPO}" in listed.stdout and "tiny-Q8_0.gguf" in listed.stdout and "tiny-Q4_K_M.gguf" in listed.stdout
+
+
+def test_split_gguf_is_downloaded_whole(hub, tmp_path, tiny_bytes):
+    pulled = lamplight(["pull", "tester/Split-GGUF:Q8_0"], hub.url, tmp_path)
+    assert pulled.returncode == 0, pulled.stderr
+    first = pulled.stdout.strip()
+    assert first.endswith("tiny-Q8_0-00001-of-00003.gguf")
+    folder = os.path.dirname(first)
+    joined = b"".join(open(os.path.join(folder, f"tiny-Q8_0-0000{i}-of-00003.gguf"), "rb").read() for i in (1, 2, 3))
+    assert joined == tiny_bytes
+
+
+def test_an_interrupted_download_resumes_where_it_stopped(tmp_path):
+    # Past huggingface_hub's 10 MiB write chunk, a dropped connection is resumed with a Range
+    # request for the rest. (huggingface_hub 2.x starts a new process's download afresh.)
+    big = os.urandom(11 * 2**20)
+    repo = FakeRepo({"big-Q4_K_M.gguf": big}, drop_after={"big-Q4_K_M.gguf": 10 * 2**20 + 12345})
+    with FakeHub({"tester/Big-GGUF": repo}) as hub:
+        pulled = lamplight(["pull", "tester/Big-GGUF"], hub.url, tmp_path)
+    assert pulled.returncode == 0, pulled.stderr
+    assert open(pulled.stdout.strip(), "rb").read() == big
+    ranges = [r for method, path, r in hub.requests if method == "GET" and path.endswith(".gguf")]
+    assert ranges == [None, f"bytes={10 * 2**20}-"]  # the second request asked only for the rest
+
+
+@pytest.mark.parametrize("args, message", [
+    (["pull", "tester/No-Such-GGUF"], "repository tester/No-Such-GGUF not found"),
+    (["pull", f"{REPO}:Q2_K"], "has no Q2_K GGUF; available: Q4_K_M, Q8_0"),
+    (["pull", "tester/Gated-GGUF"], "tester/Gated-GGUF is gated: pass --hf-token or set HF_TOKEN"),
+    (["pull", "tester/Corrupt-GGUF"], "is corrupt: sha256"),
+    (["pull", REPO, "--hf-file", "nope.gguf"], "nope.gguf is not in tester/Tiny-GGUF"),
+])
+def test_failures_are_plain_messages(hub, tmp_path, args, message):
+    result = lamplight(args, hub.url, tmp_path)
+    assert result.returncode == 1 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_network_failure_is_a_plain_message(tmp_path):
+    result = lamplight(["pull", REPO], "http://127.0.0.1:9", tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "not in the Hugging Face cache and the Hub cannot be reached" in result.stderr
+
+
+def test_gated_repo_with_a_token(hub, tmp_path):
+    result = lamplight(["pull", "tester/Gated-GGUF", "--hf-token", "hf_secret"], hub.url, tmp_path)
+    assert result.returncode == 0, result.stderr
+
+
+def test_serve_a_model_by_name(hub, tmp_path):
+    port = _free_port()
+    env_args = ["serve", "-hf", f"{REPO}:Q8_0", "--port", str(port), "-np", "1", "--no-webui"]
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path), "HF_HUB_DISABLE_XET": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "lamplight.cli", *env_args], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert process.poll() is None, process.stderr.read()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
+        assert models["data"][0]["id"].startswith("tiny-Q8_0")
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_serve_exits_with_a_message_for_a_missing_repo(hub, tmp_path):
+    result = lamplight(["serve", "-hf", "tester/Nothing-GGUF"], hub.url, tmp_path)
+    assert result.returncode == 1 and "not found" in result.stderr and "Traceback" not in result.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
