@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from pathlib import Path
 
 import pytest
+from conftest import reference_dir
 
 import lamplight.chat.template as template_module
 from lamplight.chat import ChatTemplate
 from lamplight.server.chat_prompt import render_chat_prompt
 from lamplight.server.errors import ApiError
 
-TEMPLATES = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference" / "templates"
+TEMPLATES = reference_dir() / "templates"
 RENDERINGS = TEMPLATES / "renderings.jsonl"
 RENDERED_ON = datetime(2026, 12, 1, 12, 0, 0)
 
