@@ -3,7 +3,7 @@
 The GGUF for the quantization is chosen as llama.cpp chooses it (default Q4_K_M, else the first
 GGUF of the repository), downloaded with huggingface_hub into its own cache (resumable, size
 checked by huggingface_hub), and its sha256 checked against the one the Hub reports for LFS
-files. A split GGUF (`-00001-of-00003.gguf`) is downloaded whole. With `HF_HUB_OFFLINE=1` (or
+files. A split GGUF (`-00001-of-00003.gguf`) is downloaded whole (GGUFFile loads its parts). With `HF_HUB_OFFLINE=1` (or
 when the Hub cannot be reached) the files come from the cache. Every failure is a
 ModelSourceError with a message for people, never a traceback.
 """

@@ -235,6 +235,23 @@ def test_errors_are_clear(tmp_path):
         load_model(GGUFFile(tmp_path / "arch.gguf"))
 
 
+def test_split_gguf_loads_like_the_whole_file(tmp_path):
+    """A gguf-split model (NAME-00001-of-0000N.gguf, tensors spread over the parts) from its first
+    part; a missing part or a later part given alone is a clear error."""
+    whole = load_model(GGUFFile(write_tiny_llama(tmp_path / "whole.gguf")))
+    first = write_tiny_llama(tmp_path / "split.gguf", split_max_tensors=8)
+    assert first.name == "split-00001-of-00003.gguf"
+    split = GGUFFile(first)
+    assert len(split.parts) == 3 and len(split.tensors) == int(split.metadata["split.tensors.count"])
+    ids = list(range(10, 30))
+    assert torch.equal(score(load_model(split), ids), score(whole, ids))
+    with pytest.raises(GGUFError, match="part 2 of a split GGUF: give the first part"):
+        GGUFFile(tmp_path / "split-00002-of-00003.gguf")
+    (tmp_path / "split-00003-of-00003.gguf").unlink()
+    with pytest.raises(GGUFError, match="missing: .*split-00003-of-00003.gguf"):
+        GGUFFile(first)
+
+
 def test_missing_tensor_is_named(tmp_path):
     path = write_tiny_llama(tmp_path / "tiny.gguf")
     gguf = GGUFFile(path)

@@ -79,12 +79,14 @@ def _add_norm(w: GGUFWriter, rng: np.random.Generator, name: str, n: int) -> Non
 
 
 def write_tiny_llama(path: str | Path, seed: int = 0, n_layers: int = 2, n_ctx: int = 256, qtype: Q = Q.Q8_0,
-                     n_embd: int = 64) -> Path:
+                     n_embd: int = 64, split_max_tensors: int = 0) -> Path:
+    """A tiny random llama file; with `split_max_tensors`, split as llama.cpp's gguf-split does
+    (PATH-00001-of-0000N.gguf ...; the first part's path is returned)."""
     rng = np.random.default_rng(seed)
     tokens, types, merges, ids = _bpe_vocab()
     n_vocab, n_heads, n_kv, n_ff = len(tokens), 4, 2, 2 * n_embd
     head_dim = n_embd // n_heads
-    w = _writer(path, "llama", n_layers, n_ctx, n_embd, n_ff, n_heads, n_kv)
+    w = _writer(path, "llama", n_layers, n_ctx, n_embd, n_ff, n_heads, n_kv, split_max_tensors)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(head_dim)
@@ -111,6 +113,9 @@ def write_tiny_llama(path: str | Path, seed: int = 0, n_layers: int = 2, n_ctx: 
         _add_linear(w, rng, p + "ffn_down.weight", n_embd, n_ff, qtype, 0.2)
     _add_norm(w, rng, "output_norm.weight", n_embd)
     _finish(w)
+    if split_max_tensors:
+        path = Path(path)
+        return next(path.parent.glob(f"{path.stem}-00001-of-*.gguf"))
     return Path(path)
 
 
@@ -154,8 +159,9 @@ def write_tiny_gemma3(path: str | Path, seed: int = 0, n_layers: int = 6, n_ctx:
     return Path(path)
 
 
-def _writer(path, arch: str, n_layers: int, n_ctx: int, n_embd: int, n_ff: int, n_heads: int, n_kv: int) -> GGUFWriter:
-    w = GGUFWriter(str(path), arch)
+def _writer(path, arch: str, n_layers: int, n_ctx: int, n_embd: int, n_ff: int, n_heads: int, n_kv: int,
+            split_max_tensors: int = 0) -> GGUFWriter:
+    w = GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     w.add_name(f"tiny-{arch}")
     w.add_block_count(n_layers)
     w.add_context_length(n_ctx)

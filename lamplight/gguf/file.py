@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 GGUF_MAGIC = b"GGUF"
+SPLIT_NAME = re.compile(r"(.+)-00001-of-(\d{5})\.gguf")
 DEFAULT_ALIGNMENT = 32
 
 # GGUF value type id -> (struct format, numpy dtype) for scalar types.
@@ -58,7 +60,8 @@ class GGUFFile:
     Nothing is dequantized here.
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, *, split_part: bool = False):
+        """`split_part`: a later file of a split GGUF, opened by the first (no parts of its own)."""
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise GGUFError(f"model file not found: {self.path}")
@@ -74,6 +77,30 @@ class GGUFFile:
             if isinstance(exc, GGUFError):
                 raise
             raise GGUFError(f"{self.path} is not a valid GGUF file (truncated or corrupt): {exc}") from exc
+        self.parts = [self] + ([] if split_part else self._other_split_parts())
+        for part in self.parts[1:]:
+            self.tensors.update(part.tensors)
+        expected = self.metadata.get("split.tensors.count")
+        if len(self.parts) > 1 and expected is not None and len(self.tensors) != int(expected):
+            raise GGUFError(f"{self.path}: the split holds {len(self.tensors)} tensors, its header says {expected}")
+
+    def _other_split_parts(self) -> list["GGUFFile"]:
+        """The other files of a split GGUF (llama.cpp's gguf-split: NAME-00001-of-0000N.gguf, the
+        first holding the metadata), opened when this is the first; [] for a whole file."""
+        count = int(self.metadata.get("split.count", 1) or 1)
+        if count <= 1:
+            return []
+        if int(self.metadata.get("split.no", 0)) != 0:
+            raise GGUFError(f"{self.path} is part {int(self.metadata['split.no']) + 1} of a split GGUF: give the first part")
+        match = SPLIT_NAME.fullmatch(os.path.basename(self.path))
+        if match is None:
+            raise GGUFError(f"{self.path}: a split GGUF whose name does not end in -00001-of-{count:05d}.gguf")
+        folder, prefix = os.path.dirname(self.path), match.group(1)
+        paths = [os.path.join(folder, f"{prefix}-{i:05d}-of-{count:05d}.gguf") for i in range(2, count + 1)]
+        missing = [p for p in paths if not os.path.isfile(p)]
+        if missing:
+            raise GGUFError(f"{self.path}: split GGUF part(s) missing: {', '.join(missing)}")
+        return [GGUFFile(p, split_part=True) for p in paths]
 
     # -- public helpers -------------------------------------------------------------------------
 
@@ -82,7 +109,8 @@ class GGUFFile:
         the page cache and come back on access): after the weights were repacked, the raw
         blocks are only read again for a few embedding rows per step."""
         if hasattr(mmap, "MADV_DONTNEED"):
-            self._buf.madvise(mmap.MADV_DONTNEED)
+            for part in self.parts:
+                part._buf.madvise(mmap.MADV_DONTNEED)
 
     @property
     def architecture(self) -> str:
