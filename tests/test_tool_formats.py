@@ -11,6 +11,7 @@ from test_tools import compile_plan, plan, reassemble, tiny, walk  # noqa: F401 
 from lamplight.chat import ChatTemplate
 from lamplight.tools import (
     CommandR7BFormat,
+    CommandRPlusFormat,
     DeepSeekR1Format,
     DeepSeekV31Format,
     GraniteFormat,
@@ -33,6 +34,10 @@ GRANITE_TWO = '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Pari
 COMMAND_R7B_TWO = ('<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", '
                    '"parameters": {"city": "Paris", "days": 2}},\n    {"tool_call_id": "1", "tool_name": "noop", '
                    '"parameters": {}}\n]<|END_ACTION|>')
+# As the Command R+ tool_use template writes an assistant turn with calls (its own format guide).
+COMMAND_R_PLUS_TWO = ('I will look up the weather.\nAction:\n```json\n[\n    {\n        "tool_name": "get_weather",\n'
+                      '        "parameters": {"city": "Paris", "days": 2}\n    },\n    {\n        "tool_name": "noop",\n'
+                      '        "parameters": {}\n    }\n]\n```')
 TWO_CALLS = [("get_weather", '{"city":"Paris","days":2}'), ("noop", "{}")]
 
 RECORDED = [
@@ -40,6 +45,7 @@ RECORDED = [
     (DeepSeekV31Format(), DEEPSEEK_V31_TWO, ""),
     (GraniteFormat(), GRANITE_TWO, ""),
     (CommandR7BFormat(), COMMAND_R7B_TWO, ""),
+    (CommandRPlusFormat(), COMMAND_R_PLUS_TWO, "I will look up the weather.\n"),
 ]
 
 
@@ -59,6 +65,8 @@ def test_command_r7b_ids_are_the_models():
     (DeepSeekV31Format(), "<｜tool▁calls▁begin｜>get_weather{}"),
     (GraniteFormat(), '<|tool_call|>{"name": "noop"}'),
     (CommandR7BFormat(), '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "noop", "parameters": {}}] trailing'),
+    (CommandRPlusFormat(), 'Action:\n```json\n[{"tool_name": "noop", "parameters": {}}]\n``` and more'),
+    (CommandRPlusFormat(), 'Action:\n```json\n{"tool_name": "noop", "parameters": {}}\n```'),
 ])
 def test_malformed_calls_are_content(fmt, text):
     parsed = fmt.parse(text)
@@ -91,10 +99,12 @@ def one_call(fmt) -> str:
         "granite": '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}]',
         "command-r7b": '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "get_weather", '
                        '"parameters": {"city": "Paris", "days": 2}}]<|END_ACTION|>',
+        "command-r-plus": 'Action:\n```json\n[{"tool_name": "get_weather", "parameters": {"city": "Paris", "days": 2}}]'
+                          '\n```',
     }[fmt.name]
 
 
-GRAMMAR_FORMATS = [DeepSeekR1Format(), DeepSeekV31Format(), GraniteFormat(), CommandR7BFormat()]
+GRAMMAR_FORMATS = [DeepSeekR1Format(), DeepSeekV31Format(), GraniteFormat(), CommandR7BFormat(), CommandRPlusFormat()]
 
 
 @pytest.mark.parametrize("fmt", GRAMMAR_FORMATS, ids=lambda f: f.name)
@@ -103,7 +113,8 @@ def test_grammars(tiny, fmt):
         return walk(tiny, compile_plan(tiny, plan(fmt, choice, parallel)), text)
 
     two = {"deepseek-r1": DEEPSEEK_R1_TWO.removeprefix("Let me look."), "deepseek-v3.1": DEEPSEEK_V31_TWO,
-           "granite": GRANITE_TWO, "command-r7b": COMMAND_R7B_TWO.replace("\n    ", "").replace("\n", "")}[fmt.name]
+           "granite": GRANITE_TWO, "command-r7b": COMMAND_R7B_TWO.replace("\n    ", "").replace("\n", ""),
+           "command-r-plus": COMMAND_R_PLUS_TWO.removeprefix("I will look up the weather.\n")}[fmt.name]
     assert check(one_call(fmt), "required", parallel=False) == "done"
     assert check(two, "required") in ("done", "accepting")
     assert check(two, "required", parallel=False) == "refused"
@@ -118,6 +129,8 @@ def test_grammars(tiny, fmt):
     ("llama-cpp-deepseek-r1.jinja", "deepseek-r1"),
     ("ibm-granite-granite-3.3-2B-Instruct.jinja", "granite"),
     ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "command-r7b"),
+    ("CohereForAI-c4ai-command-r-plus-tool_use.jinja", "command-r-plus"),
+    ("openai-gpt-oss-120b.jinja", "gpt-oss"),
     ("ibm-granite-granite-4.0.jinja", "hermes"),  # Granite 4 writes <tool_call> blocks
     # The V3.1 template does not render `tools`: the generic protocol (lamplight's rule for such templates).
     ("deepseek-ai-DeepSeek-V3.1.jinja", "generic"),

@@ -41,7 +41,7 @@ class ReasoningPlan:
             return ReasoningSplit(None, text)
         end = body.find(self.markers.end)
         if end < 0:
-            thinking = body[:len(body) - _marker_prefix_length(body, self.markers.end)] if partial else body
+            thinking = body[:len(body) - marker_prefix_length(body, self.markers.end)] if partial else body
             return ReasoningSplit(thinking.strip() if not partial else thinking.lstrip(), self._content(text, ""))
         answer = body[end + len(self.markers.end):].lstrip()
         answer = answer.removeprefix(self.markers.answer_prefix)
@@ -69,7 +69,7 @@ def plan_reasoning(markers: ReasoningMarkers | None, reasoning_format: str, prom
     return ReasoningPlan(markers, reasoning_format, opened)
 
 
-def _marker_prefix_length(text: str, marker: str) -> int:
+def marker_prefix_length(text: str, marker: str) -> int:
     """How much of the end of `text` could be the start of `marker` (`</thi`)."""
     for length in range(min(len(marker) - 1, len(text)), 0, -1):
         if text.endswith(marker[:length]):

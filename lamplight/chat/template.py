@@ -33,6 +33,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from lamplight.chat.errors import ChatTemplateError
 from lamplight.chat.caps import probe_caps
 from lamplight.chat.messages import adapt_to_caps, normalize_messages
+from lamplight.chat.answer_wrappers import detect_answer_wrapper
 from lamplight.chat.reasoning_markers import detect_reasoning_markers
 
 _MENTIONS_TOOLS = re.compile(r"\btools\b")
@@ -135,6 +136,7 @@ class ChatTemplate:
         self.add_eos = add_eos
         self.supports_tools = bool(_MENTIONS_TOOLS.search(source))
         self.reasoning = detect_reasoning_markers(source)
+        self.answer_wrapper = detect_answer_wrapper(source)
         self.supports_thinking = self.reasoning is not None
         self._template = _compile(source, name)
         self.caps = probe_caps(lambda messages, prompt, tools: self._render(normalize_messages(messages), prompt,

@@ -67,6 +67,7 @@ def _prepare(state: ServerState, body: dict, endpoint: Endpoint,
     elif endpoint is Endpoint.CHAT:
         text = render_chat_prompt(body, chat_template, params.tool_plan)
         params.reasoning = plan_reasoning(getattr(chat_template, "reasoning", None), params.reasoning_format, text)
+        params.answer_wrapper = getattr(chat_template, "answer_wrapper", None)
         prompts = [tokenizer.encode(text, add_special=True, parse_special=True)]
     else:
         prompts = tokenize_prompts(body.get("prompt"), tokenizer)

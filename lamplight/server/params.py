@@ -97,6 +97,7 @@ class GenerationParams:
     tool_plan: Any = None  # lamplight.tools.ToolPlan: chat requests with `tools`
     reasoning_format: str = "auto"  # chat: how thinking is split from the answer (lamplight.chat.reasoning)
     reasoning: Any = None  # lamplight.chat.reasoning.ReasoningPlan, set once the prompt is rendered
+    answer_wrapper: Any = None  # lamplight.chat.answer_wrappers.AnswerWrapper: chat, markers around the answer
     dry_breakers: Any = None  # lamplight.sampling.dry.BreakerTable when DRY runs
 
     @property

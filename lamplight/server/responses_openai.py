@@ -67,7 +67,7 @@ def completion_final_chunk(ctx: ResponseContext, index: int, final: FinalEvent, 
 def chat_message(ctx: ResponseContext, final: FinalEvent) -> tuple[dict, str]:
     """-> (message, finish_reason). Thinking is split off first (lamplight.chat.reasoning), then
     with tools the answer is parsed for calls (lamplight.tools): calls are never in the thinking."""
-    reasoning, content = split_reasoning(ctx.params.reasoning, final.content)
+    reasoning, content = split_reply(ctx.params, final.content)
     plan = ctx.params.tool_plan
     if plan is None or not plan.active:
         message = {"role": "assistant", "content": content}
@@ -81,12 +81,16 @@ def chat_message(ctx: ResponseContext, final: FinalEvent) -> tuple[dict, str]:
     return message, finish_reason
 
 
-def split_reasoning(reasoning_plan, text: str, partial: bool = False) -> tuple[str | None, str]:
-    """(thinking or None, answer) of a chat reply under the request's reasoning plan."""
-    if reasoning_plan is None:
-        return None, text
-    split = reasoning_plan.split(text, partial)
-    return split.reasoning, split.content
+def split_reply(params, text: str, partial: bool = False) -> tuple[str | None, str]:
+    """(thinking or None, answer) of a chat reply: the thinking split off under the request's
+    reasoning plan, then the template's answer markers taken off (lamplight.chat.answer_wrappers)."""
+    reasoning, content = None, text
+    if params.reasoning is not None:
+        split = params.reasoning.split(text, partial)
+        reasoning, content = split.reasoning, split.content
+    if params.answer_wrapper is not None:
+        content = params.answer_wrapper.unwrap(content, partial)
+    return reasoning, content
 
 
 def chat_response(ctx: ResponseContext, finals: dict[int, FinalEvent]) -> dict:

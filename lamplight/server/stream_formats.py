@@ -19,7 +19,7 @@ from .responses_openai import (
     chat_usage_chunk,
     completion_chunk,
     completion_final_chunk,
-    split_reasoning,
+    split_reply,
 )
 from .response_context import ResponseContext
 
@@ -132,7 +132,9 @@ class ChatStream(StreamFormat):
         plan = ctx.params.tool_plan
         self._plan = plan if plan is not None and plan.active else None
         self._tool_streams: dict[int, ToolCallStream] = {}
-        self._reasoning = ctx.params.reasoning
+        # The text goes through split_reply (thinking, answer markers) before it is sent.
+        self._split = self._plan is not None or ctx.params.reasoning is not None \
+            or ctx.params.answer_wrapper is not None
         self._sent_reasoning: dict[int, int] = {}  # characters of reasoning_content sent per choice
         self._sent_content: dict[int, int] = {}  # characters of content sent per choice (reasoning on)
 
@@ -145,7 +147,7 @@ class ChatStream(StreamFormat):
 
     def on_token(self, index: int, event: TokenEvent) -> list[Payload]:
         payloads = self._role_chunk(index)
-        if self._plan is None and self._reasoning is None:
+        if not self._split:
             if event.text or event.prob is not None:
                 delta = {"content": event.text} if event.text else {}
                 payloads.append(self._with_timings(chat_delta_chunk(self.ctx, index, delta, event.prob), index, event))
@@ -161,7 +163,7 @@ class ChatStream(StreamFormat):
                      stop_type: str | None = None) -> tuple[list[dict], Any]:
         """Deltas for what `text` adds: thinking first, then content or tool calls. `stop_type`:
         how the reply ended, for the final parse (partial False)."""
-        reasoning, content = split_reasoning(self._reasoning, text, partial)
+        reasoning, content = split_reply(self.ctx.params, text, partial)
         deltas = []
         if reasoning is not None and len(reasoning) > self._sent_reasoning.get(index, 0):
             deltas.append({"reasoning_content": reasoning[self._sent_reasoning.get(index, 0):]})
@@ -190,7 +192,7 @@ class ChatStream(StreamFormat):
     def on_final(self, index: int, final: FinalEvent, unsent: str) -> list[Payload]:
         payloads = self._role_chunk(index)
         finish_reason = None
-        if self._plan is not None or self._reasoning is not None:
+        if self._split:
             deltas, parsed = self._text_deltas(index, final.content, partial=False, stop_type=final.stop_type)
             payloads += [chat_delta_chunk(self.ctx, index, delta) for delta in deltas]
             if parsed is not None:

@@ -3,6 +3,7 @@
 from .formats import (
     FORMATS,
     CommandR7BFormat,
+    CommandRPlusFormat,
     DeepSeekR1Format,
     DeepSeekV31Format,
     GraniteFormat,
@@ -14,18 +15,23 @@ from .formats import (
     ParsedMessage,
     ToolFormat,
 )
+from .harmony import HarmonyFormat
 from .plan import ToolPlan, detect_format, plan_tool_calling, prompt_inputs, template_tools
 from .spec import ToolCall, ToolRequestError, ToolSpec, new_tool_call_id
 from .stream import ToolCallStream, finish_reason, message_json
 
+FORMATS[HarmonyFormat.name] = HarmonyFormat  # its own module (formats.py is the shared base)
+
 __all__ = [
     "FORMATS",
     "CommandR7BFormat",
+    "CommandRPlusFormat",
     "DeepSeekR1Format",
     "DeepSeekV31Format",
     "GraniteFormat",
     "GenericFormat",
     "GrammarSource",
+    "HarmonyFormat",
     "HermesFormat",
     "Llama3Format",
     "MistralFormat",

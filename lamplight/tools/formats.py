@@ -9,7 +9,8 @@ Formats (chosen from the chat template's source, see detect.py):
 - llama3 (Llama 3.1+): `{"name": ..., "parameters": {...}}` as the whole reply, or after
   `<|python_tag|>` when the template has that token; one call per reply.
 - mistral (Mistral Nemo): `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "<9 alnum>"}, ...]`.
-- granite, command-r7b (MarkerArrayFormat), deepseek-r1, deepseek-v3.1 (HeadedCallsFormat): see README.md.
+- granite, command-r7b, command-r-plus (MarkerArrayFormat), deepseek-r1, deepseek-v3.1
+  (HeadedCallsFormat): see README.md. gpt-oss (harmony): harmony.py.
 
 Parsing: `parse(text, partial)`. With partial=True (streaming) an unfinished call is reported with
 the arguments so far (a prefix of its final arguments), text that may be the start of a call
@@ -23,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .grammar_text import call_schema, lark_json, marker_grammar, marker_lark, one_of
+from .grammar_text import call_schema, lark_json, marker_grammar, marker_lark, markers_lark, one_of
 from .json_scan import JsonMalformed, Node, minify, partial_string_value, scan_value, skip_ws
 from .spec import ToolCall, ToolSpec
 
@@ -143,7 +144,9 @@ class ToolFormat:
         if not text.startswith(content):
             return False
         rest = text[len(content):].strip()
-        return not rest or any(trigger.startswith(rest) and rest != trigger for trigger in self.triggers)
+        # Compared stripped: a marker may end in whitespace (Command R+'s "Action:\n```json\n").
+        return not rest or any(marker.startswith(rest) and rest != marker
+                               for marker in (trigger.strip() for trigger in self.triggers))
 
 
 # -- generic ------------------------------------------------------------------------------------
@@ -354,6 +357,7 @@ class MarkerArrayFormat(ToolFormat):
 
     MARKER = ""
     END = ""
+    END_LEAD = ""  # what the grammar writes between the array and END (parsing allows any whitespace)
     KEYS = CallKeys()
     ID_SCHEMA: dict | None = None  # the model writes ids (required in the grammar) when set
     ID_FIRST = False  # the id is the object's first key
@@ -378,7 +382,7 @@ class MarkerArrayFormat(ToolFormat):
             array["maxItems"] = 1
         calls = "calls"
         if self.END:
-            calls += " " + marker_lark(tokenizer, self.END)[0]
+            calls += " " + markers_lark(tokenizer, self.END_LEAD, self.END)
         return GrammarSource("lark", marker_grammar(plan.choice == "required", marker, marker_is_token,
                                                     calls, ["calls: " + lark_json(array)]))
 
@@ -448,6 +452,18 @@ class CommandR7BFormat(MarkerArrayFormat):
     ID_FIRST = True
 
 
+class CommandRPlusFormat(MarkerArrayFormat):
+    """Command R+ (tool_use template): `Action:\n```json\n[{"tool_name", "parameters"}, ...]\n```` after
+    an optional plan in text; the template writes past calls the same way."""
+
+    name = "command-r-plus"
+    title = "Command R+"
+    MARKER = "Action:\n```json\n"
+    END = "```"
+    END_LEAD = "\n"
+    KEYS = CallKeys(name="tool_name", arguments=("parameters",))
+
+
 # -- a block of headed calls (DeepSeek R1, V3.1) ---------------------------------------------------
 
 class HeadedCallsFormat(ToolFormat):
@@ -469,7 +485,7 @@ class HeadedCallsFormat(ToolFormat):
 
     def grammar(self, plan: "ToolPlan", tokenizer: Any) -> GrammarSource:
         def lark(*pieces: str) -> str:
-            return " ".join(marker_lark(tokenizer, piece)[0] for piece in pieces if piece)
+            return markers_lark(tokenizer, *pieces)
 
         block_open, open_is_token = marker_lark(tokenizer, self.BLOCK_OPEN)
         named = [f"{lark(tool.name, self.NAME_END)} {lark_json(tool.parameters)}" for tool in plan.callable_tools]
@@ -576,4 +592,4 @@ class DeepSeekV31Format(HeadedCallsFormat):
 
 FORMATS = {"generic": GenericFormat, "hermes": HermesFormat, "llama3": Llama3Format, "mistral": MistralFormat,
            "granite": GraniteFormat, "command-r7b": CommandR7BFormat, "deepseek-r1": DeepSeekR1Format,
-           "deepseek-v3.1": DeepSeekV31Format}
+           "deepseek-v3.1": DeepSeekV31Format, "command-r-plus": CommandRPlusFormat}

@@ -55,6 +55,11 @@ def marker_lark(tokenizer: Any, marker: str) -> tuple[str, bool]:
     return lark_literal(marker), False
 
 
+def markers_lark(tokenizer: Any, *pieces: str) -> str:
+    """Pieces of a marker in sequence, each spelled as marker_lark does (empty pieces skipped)."""
+    return " ".join(marker_lark(tokenizer, piece)[0] for piece in pieces if piece)
+
+
 def text_then(marker: str, marker_is_token: bool, rule: str = "trigger") -> tuple[str, list[str]]:
     """Free text ending with `marker`, as a grammar expression plus the rules it needs.
 

@@ -9,8 +9,11 @@ order, for the formats implemented here:
     `<|END_THINKING|><|START_ACTION|>`                     -> command-r7b
     `elif thinking` and `<|tool_call|>`                    -> granite (3.x)
     `<tool_call>`                                          -> hermes (Hermes 2 Pro, Qwen 2.5/3)
+    `<|channel|>`                                          -> gpt-oss (harmony)
     `<|start_header_id|>ipython<|end_header_id|>`          -> llama3 (+ `<|python_tag|>` if present)
     `[TOOL_CALLS]`                                         -> mistral (Nemo)
+    `Action:` and `"tool_name"`                            -> command-r-plus (not in llama.cpp's
+                                                              hand-written list: it gives Generic)
     anything else                                          -> generic (the template still gets `tools`)
 """
 
@@ -24,6 +27,7 @@ from lamplight.chat import normalize_messages
 from . import generic
 from .formats import (
     CommandR7BFormat,
+    CommandRPlusFormat,
     DeepSeekR1Format,
     DeepSeekV31Format,
     GenericFormat,
@@ -35,6 +39,8 @@ from .formats import (
     ParsedMessage,
     ToolFormat,
 )
+from .harmony import CHANNEL as HARMONY_CHANNEL
+from .harmony import HarmonyFormat
 from .spec import ToolRequestError, ToolSpec, parse_tool_choice, parse_tools
 
 LLAMA3_IPYTHON = "<|start_header_id|>ipython<|end_header_id|>"
@@ -55,10 +61,14 @@ def detect_format(template: Any) -> ToolFormat:
         return GraniteFormat()
     if HermesFormat.OPEN in source:
         return HermesFormat()
+    if HARMONY_CHANNEL in source:
+        return HarmonyFormat()
     if LLAMA3_IPYTHON in source:
         return Llama3Format(python_tag=Llama3Format.PYTHON_TAG in source)
     if MistralFormat.MARKER in source:
         return MistralFormat()
+    if "Action:" in source and '"tool_name"' in source:
+        return CommandRPlusFormat()
     return GenericFormat()
 
 
