@@ -1,11 +1,19 @@
-"""reasoning_content through the official openai client, on the tiny model with its output forced
-by a `grammar`: the thinking and the answer come apart, streamed and not."""
+"""reasoning_content through the official openai client, on the tiny model's server with a scripted
+engine reply (a grammar constrains only the answer of a thinking template, so it cannot force the
+thinking): the thinking and the answer come apart, streamed and not."""
 
 from __future__ import annotations
 
+import copy
+
 import openai
 import pytest
-from test_server_tools import serve, tiny_engine, tiny_loaded  # noqa: F401 (fixtures)
+from test_server_support import ScriptedEngine, ServerThread
+from test_server_tools import tiny_loaded  # noqa: F401 (fixture)
+from test_tool_cut import script
+
+from lamplight.chat import ChatTemplate
+from lamplight.server import ServerSettings, ServerState
 
 # ChatML with a thinking switch: the `<think>` in its source makes it a thinking template.
 THINKING_TEMPLATE = (
@@ -13,20 +21,25 @@ THINKING_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n"
     "{% if enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
 )
-FORCED = 'root ::= "<think>" "Count the letters." "</think>" "Five."'
+REPLY = "<think>Count the letters.</think>Five."
 
 
 @pytest.fixture(scope="module")
-def client(tiny_loaded, tiny_engine):  # noqa: F811
-    server = serve(tiny_loaded, tiny_engine, THINKING_TEMPLATE)
+def client(tiny_loaded):  # noqa: F811
+    engine = ScriptedEngine()
+    engine.script = script(REPLY, stop_type="eos", piece=3)
+    model = copy.copy(tiny_loaded)
+    model.chat_template = ChatTemplate(THINKING_TEMPLATE)
+    state = ServerState(ServerSettings())
+    state.attach(model, engine)
+    server = ServerThread(state).start()
     yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60)
     server.stop()
 
 
 def ask(client, **extra):
     return client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=60,
-        extra_body={"grammar": FORCED, **extra.pop("extra_body", {})}, **extra)
+        model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=60, **extra)
 
 
 def test_thinking_and_answer_split(client):

@@ -58,13 +58,21 @@ class GrammarCompiler:
         """`response_format: {"type": "json_object"}`."""
         return self.compile_json_schema({"type": "object"})
 
+    def compile_after(self, lead: str, answer: CompiledGrammar) -> CompiledGrammar:
+        """`answer` preceded by what the Lark grammar `lead` allows: `lead` names the answer
+        `@answer` (an llguidance sub-grammar, so the answer keeps its own lexer and rules)."""
+        key = lead + "\0" + answer.kind + "\0" + answer.source
+        return self._cached("after", key, lambda: json.dumps({"grammars": [{"lark_grammar": lead},
+                                                                            *_named_answer(answer.source)]}))
+
     def _cached(self, kind: str, source: str, build: Callable[[], str]) -> CompiledGrammar:
         key = (kind, source)
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        compiled = CompiledGrammar(self._validated_matcher(build()), self.vocabulary, kind)
+        grammar = build()
+        compiled = CompiledGrammar(self._validated_matcher(grammar), self.vocabulary, kind, grammar)
         with self._lock:
             self._cache[key] = compiled
             while len(self._cache) > self._cache_size:
@@ -76,3 +84,13 @@ class GrammarCompiler:
         if matcher.is_error():
             raise GrammarError(matcher.get_error().strip())
         return matcher
+
+
+def _named_answer(source: str) -> list[dict]:
+    """The grammars of an llguidance source, the first (where it starts) named `answer`."""
+    if source.lstrip().startswith("{"):  # a top-level JSON grammar (JSON schemas)
+        grammars = [dict(grammar) for grammar in json.loads(source)["grammars"]]
+    else:  # Lark text
+        grammars = [{"lark_grammar": source}]
+    grammars[0]["name"] = "answer"
+    return grammars

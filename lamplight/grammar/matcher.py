@@ -14,10 +14,11 @@ from .vocabulary import Vocabulary
 class CompiledGrammar:
     """A validated grammar; `new_matcher()` is cheap (a copy of a fresh llguidance matcher)."""
 
-    def __init__(self, template: llguidance.LLMatcher, vocabulary: Vocabulary, kind: str):
+    def __init__(self, template: llguidance.LLMatcher, vocabulary: Vocabulary, kind: str, source: str = ""):
         self._template = template
         self.vocabulary = vocabulary
-        self.kind = kind  # "gbnf" | "json_schema" | "lark"
+        self.kind = kind  # "gbnf" | "json_schema" | "lark" | "after"
+        self.source = source  # the llguidance grammar (Lark text or top-level JSON) it was built from
 
     def new_matcher(self) -> "GrammarMatcher":
         return GrammarMatcher(self._template.deep_copy(), self.vocabulary)

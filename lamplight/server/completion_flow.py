@@ -14,6 +14,7 @@ from lamplight.engine.types import FinalEvent
 
 from lamplight.chat.reasoning import plan_reasoning
 
+from .answer_grammar import constrain_answer_only
 from .chat_prompt import render_chat_prompt
 from .errors import field_error, invalid_request
 from .generation import GenerationRun, collect_unless_disconnected
@@ -67,6 +68,7 @@ def _prepare(state: ServerState, body: dict, endpoint: Endpoint,
     elif endpoint is Endpoint.CHAT:
         text = render_chat_prompt(body, chat_template, params.tool_plan)
         params.reasoning = plan_reasoning(getattr(chat_template, "reasoning", None), params.reasoning_format, text)
+        params.grammar = constrain_answer_only(params.grammar, params.reasoning, state.grammar_compiler, tokenizer)
         params.answer_wrapper = getattr(chat_template, "answer_wrapper", None)
         prompts = [tokenizer.encode(text, add_special=True, parse_special=True)]
     else:

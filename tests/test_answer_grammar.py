@@ -1,0 +1,148 @@
+"""`grammar`, `json_schema`, `response_format` and tool grammars constrain the answer of a thinking
+template, not its thinking (lamplight/server/answer_grammar.py), as llama.cpp's chat grammars do.
+
+Through the API: a scripted engine keeps the GenerationRequest each request produced, and its
+grammar is run over candidate replies; then the tiny random model, whose free thinking is no
+longer forced into the answer."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import httpx
+import pytest
+from test_server_support import ScriptedEngine, ServerThread, sse_events
+from test_server_tools import HERMES_TEMPLATE, TINY_TOOLS, serve, tiny_engine, tiny_loaded  # noqa: F401
+from test_tool_cut import script
+
+from lamplight.chat import ChatTemplate
+from lamplight.server import ServerSettings, ServerState
+
+# A thinking template whose generation prompt does not open the thinking (the model may), and
+# one whose generation prompt opens it (DeepSeek R1 style).
+MAY_THINK = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}{# <think> #}"
+)
+OPENS_THINKING = MAY_THINK.replace("assistant\n{% endif %}{# <think> #}", "assistant\n<think>\n{% endif %}")
+assert OPENS_THINKING != MAY_THINK
+NO_THINKING = MAY_THINK.replace("{# <think> #}", "")
+HERMES_THINKING = HERMES_TEMPLATE + "{# <think> #}"
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+CONSTRAINTS = {
+    "grammar": {"grammar": 'root ::= "{\\"n\\": " [0-9] "}"'},
+    "json_schema": {"json_schema": SCHEMA},
+    "response_format": {"response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}},
+}
+ANSWER = '{"n": 7}'
+
+
+@pytest.fixture(scope="module")
+def scripted(tiny_loaded):  # noqa: F811
+    engine, servers = ScriptedEngine(), {}
+    for name, source in (("may", MAY_THINK), ("opens", OPENS_THINKING), ("plain", NO_THINKING),
+                         ("hermes", HERMES_THINKING)):
+        model = copy.copy(tiny_loaded)
+        model.chat_template = ChatTemplate(source)
+        state = ServerState(ServerSettings())
+        state.attach(model, engine)
+        servers[name] = ServerThread(state).start()
+    engine.script = script("ok", stop_type="eos")
+    yield engine, {name: server.url for name, server in servers.items()}, tiny_loaded.tokenizer
+    for server in servers.values():
+        server.stop()
+
+
+def submitted_grammar(scripted, server: str, path: str = "/v1/chat/completions", **body):
+    """The grammar the engine got for a (streamed or not) request."""
+    engine, urls, _ = scripted
+    request = {"messages": [{"role": "user", "content": "hi"}], "prompt": "hi", **body}
+    response = httpx.post(urls[server] + path, json=request, timeout=30)
+    assert response.status_code == 200, response.text
+    if body.get("stream"):
+        assert sse_events(response.text)[-1] == "[DONE]"
+    return engine.requests[-1].grammar
+
+
+def accepts(scripted, grammar, text: str) -> bool:
+    tokenizer = scripted[2]
+    matcher = grammar.new_matcher()
+    ids = tokenizer.encode(text, add_special=False, parse_special=True)
+    return all(matcher.accept(token) for token in ids) and matcher.is_accepting()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("constraint", CONSTRAINTS)
+def test_thinking_may_come_before_the_constrained_answer(scripted, constraint, stream):
+    grammar = submitted_grammar(scripted, "may", stream=stream, **CONSTRAINTS[constraint])
+    assert accepts(scripted, grammar, ANSWER)
+    assert accepts(scripted, grammar, "<think>free text, {not JSON</think>\n\n" + ANSWER)
+    assert not accepts(scripted, grammar, "<think>free text</think>not the answer")
+    assert not accepts(scripted, grammar, "free text" + ANSWER)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("constraint", CONSTRAINTS)
+def test_an_opened_thinking_must_close_before_the_answer(scripted, constraint, stream):
+    grammar = submitted_grammar(scripted, "opens", stream=stream, **CONSTRAINTS[constraint])
+    assert accepts(scripted, grammar, "Let me see.\n</think>\n\n" + ANSWER)
+    assert not accepts(scripted, grammar, ANSWER)  # still inside the thinking
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_calls_come_after_the_thinking(scripted, stream):
+    grammar = submitted_grammar(scripted, "hermes", stream=stream, tools=TINY_TOOLS, tool_choice="required")
+    call = '<tool_call>\n{"name": "flag", "arguments": {"on": true}}\n</tool_call>'
+    assert accepts(scripted, grammar, call)
+    assert accepts(scripted, grammar, "<think>I could write <tool_call> here.</think>" + call)
+    assert not accepts(scripted, grammar, "<think>hmm</think>no call")
+
+
+@pytest.mark.parametrize("server, body", [
+    ("may", {"reasoning_format": "none"}),  # the thinking is not split: the grammar holds from the start
+    ("plain", {}),  # a template that cannot think
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_unchanged_without_split_thinking(scripted, server, body, stream):
+    grammar = submitted_grammar(scripted, server, stream=stream, **body, **CONSTRAINTS["json_schema"])
+    assert accepts(scripted, grammar, ANSWER)
+    assert not accepts(scripted, grammar, "<think>hmm</think>" + ANSWER)
+
+
+@pytest.mark.parametrize("path", ["/completion", "/v1/completions"])
+def test_completions_are_unchanged(scripted, path):
+    grammar = submitted_grammar(scripted, "may", path, **CONSTRAINTS["json_schema"])
+    assert not accepts(scripted, grammar, "<think>hmm</think>" + ANSWER)
+
+
+# -- the tiny model: thinking runs free ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def opens_thinking(tiny_loaded, tiny_engine):  # noqa: F811
+    server = serve(tiny_loaded, tiny_engine, OPENS_THINKING)
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        yield client
+    server.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_model_thinks_freely_before_a_grammar(opens_thinking, stream):
+    """Before, the grammar forced "Five." from the first token; now the thinking comes first,
+    with nothing to close it within 6 tokens."""
+    request = {"messages": [{"role": "user", "content": "hi"}], "grammar": 'root ::= "Five."',
+               "max_tokens": 6, "temperature": 1.0, "seed": 5, "stream": stream}
+    response = opens_thinking.post("/v1/chat/completions", json=request)
+    assert response.status_code == 200, response.text
+    if stream:
+        chunks = [event for event in sse_events(response.text) if event != "[DONE]" and event["choices"]]
+        deltas = [chunk["choices"][0]["delta"] for chunk in chunks]
+        reasoning = "".join(delta.get("reasoning_content") or "" for delta in deltas)
+        content = "".join(delta.get("content") or "" for delta in deltas)
+        finish = chunks[-1]["choices"][0]["finish_reason"]
+    else:
+        choice = response.json()["choices"][0]
+        reasoning, content = choice["message"].get("reasoning_content", ""), choice["message"]["content"]
+        finish = choice["finish_reason"]
+    assert (finish, content) == ("length", "") and reasoning, json.dumps(response.text)[:300]
