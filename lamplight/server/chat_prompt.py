@@ -19,7 +19,7 @@ _PLAN_FROM_BODY = object()
 
 
 def render_chat_prompt(body: dict, chat_template: Any, tool_plan: Any = _PLAN_FROM_BODY,
-                       *, for_generation: bool = True) -> str:
+                       *, for_generation: bool = True, reasoning_budget: int = -1) -> str:
     """`tool_plan`: the request's lamplight.tools.ToolPlan (or None); read from the body when not given.
 
     `for_generation` False (/apply-template) renders the template as llama.cpp does, without the
@@ -30,6 +30,8 @@ def render_chat_prompt(body: dict, chat_template: Any, tool_plan: Any = _PLAN_FR
     if body.get("messages") is None:
         raise invalid_request("'messages' is required")
     extra = fields.object("chat_template_kwargs")
+    if reasoning_budget == 0 and "enable_thinking" not in (extra or {}):
+        extra = {**(extra or {}), "enable_thinking": False}
     add_generation_prompt = fields.boolean("add_generation_prompt", True)
     if tool_plan is _PLAN_FROM_BODY:
         tool_plan = chat_tool_plan(fields, chat_template)
@@ -38,7 +40,16 @@ def render_chat_prompt(body: dict, chat_template: Any, tool_plan: Any = _PLAN_FR
             messages, tools = prompt_inputs(body["messages"], chat_template, tool_plan)
         else:
             messages, tools = body["messages"], template_tools(chat_template, tool_plan)
-        return chat_template.render(messages, add_generation_prompt=add_generation_prompt,
-                                    tools=tools, extra=extra)
+        prompt = chat_template.render(messages, add_generation_prompt=add_generation_prompt,
+                                      tools=tools, extra=extra)
     except ChatTemplateError as exc:
         raise invalid_request(str(exc)) from None
+    return _close_thinking(prompt, chat_template) if reasoning_budget == 0 else prompt
+
+
+def _close_thinking(prompt: str, chat_template: Any) -> str:
+    """The prompt with an open thinking block at its end closed (no budget for thinking)."""
+    markers = getattr(chat_template, "reasoning", None)
+    if markers is not None and prompt.rstrip().endswith(markers.start.rstrip()):
+        return prompt + markers.end
+    return prompt

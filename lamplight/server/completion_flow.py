@@ -66,7 +66,7 @@ def _prepare(state: ServerState, body: dict, endpoint: Endpoint,
     if build_prompts is not None:  # /infill
         prompts = build_prompts(state, body)
     elif endpoint is Endpoint.CHAT:
-        text = render_chat_prompt(body, chat_template, params.tool_plan)
+        text = render_chat_prompt(body, chat_template, params.tool_plan, reasoning_budget=state.settings.reasoning_budget)
         params.reasoning = plan_reasoning(getattr(chat_template, "reasoning", None), params.reasoning_format, text)
         params.grammar = constrain_answer_only(params.grammar, params.reasoning, state.grammar_compiler, tokenizer)
         params.answer_wrapper = getattr(chat_template, "answer_wrapper", None)
