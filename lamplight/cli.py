@@ -109,7 +109,22 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     _add_limit_arguments(add)
     add("--sse-ping-interval", type=float, default=30.0,
         help="seconds of silence before an SSE keep-alive comment, <= 0 disables (default: %(default)s)")
+    _add_replica_arguments(add)
     parser.set_defaults(handler=run_serve)
+
+
+def _add_replica_arguments(add) -> None:
+    """Replicas on Ray Serve (lamplight/distributed/, the `ray` extra)."""
+    add("--replicas", type=int, default=0, metavar="N",
+        help="serve N replicas on Ray Serve behind one port, routed by prompt prefix (needs the ray extra); "
+             "-t is split between them, --slot-save-path gets a subfolder per replica (default: one process, no Ray)")
+    add("--ray-address", metavar="ADDR",
+        help="with --replicas: join this Ray cluster (e.g. auto, ray://HOST:10001) instead of starting a local one")
+    add("--route-imbalance", type=int, default=None, metavar="N",
+        help="with --replicas: a request follows its prompt prefix to a replica unless that replica has more than N "
+             "requests in flight beyond the least loaded one (default: -np)")
+    add("--route-block-chars", type=int, default=256, metavar="N",
+        help="with --replicas: characters per prompt-prefix block the router matches on (default: %(default)s)")
 
 
 # Request limits: (flag, RequestLimits field, help). Each refusal is a 400 naming field and limit.
@@ -194,6 +209,11 @@ def run_serve(args: argparse.Namespace) -> int:
     if problem is not None:
         _say(f"error: {problem}")
         return 1
+    if args.replicas or args.ray_address:
+        from lamplight.distributed.launch import run_replicas
+
+        args.replicas = args.replicas or 1
+        return run_replicas(args)
     if args.threads > 0:
         import torch
 
