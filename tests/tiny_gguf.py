@@ -91,14 +91,7 @@ def write_tiny_llama(path: str | Path, seed: int = 0, n_layers: int = 2, n_ctx: 
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(head_dim)
     w.add_vocab_size(n_vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    _add_special_ids(w, ids)
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHATML_TEMPLATE)
+    _add_bpe_tokenizer(w, "smollm", tokens, types, merges, ids)
     _add_linear(w, rng, "token_embd.weight", n_vocab, n_embd, Q.Q8_0, 0.5)
     for i in range(n_layers):
         p = f"blk.{i}."
@@ -170,6 +163,18 @@ def _writer(path, arch: str, n_layers: int, n_ctx: int, n_embd: int, n_ff: int, 
     w.add_head_count(n_heads)
     w.add_head_count_kv(n_kv)
     return w
+
+
+def _add_bpe_tokenizer(w: GGUFWriter, pre: str, tokens, types, merges, ids: dict[str, int]) -> None:
+    """The byte-level BPE vocabulary of _bpe_vocab(), no BOS added, and the ChatML template."""
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    _add_special_ids(w, ids)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML_TEMPLATE)
 
 
 def _add_special_ids(w: GGUFWriter, ids: dict[str, int]) -> None:
@@ -254,14 +259,7 @@ def write_tiny_arch(path: str | Path, arch: str, seed: int = 0, n_layers: int = 
         if isinstance(value, list):  # a per-layer pattern, cycled over the layers
             value = [value[i % len(value)] for i in range(n_layers)]
         _add_arch_key(w, f"{arch}.{key}", value)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    _add_special_ids(w, ids)
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHATML_TEMPLATE)
+    _add_bpe_tokenizer(w, "qwen2", tokens, types, merges, ids)
     _add_linear(w, rng, "token_embd.weight", len(tokens), n_embd, Q.F32, 0.5)
     dims = {"n_embd": n_embd, "q": n_heads * head_dim, "kv": n_kv * head_dim, "head_dim": head_dim, "n_heads": n_heads,
             "n_ff": n_ff, "expert_ff": expert_ff}

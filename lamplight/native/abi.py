@@ -86,8 +86,6 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.lp_model_free.restype = None
     lib.lp_forward.argtypes = [c_void_p, POINTER(Batch), POINTER(KV), c_void_p]
     lib.lp_forward.restype = c_int32
-    lib.lp_linear.argtypes = [POINTER(Linear), c_void_p, c_int32, c_void_p]
-    lib.lp_linear.restype = None
     lib.lp_model_scratch_bytes.argtypes = [c_void_p]
     lib.lp_model_scratch_bytes.restype = c_int64
     lib.lp_profile.argtypes = [c_int32, POINTER(ctypes.c_double)]

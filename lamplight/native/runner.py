@@ -48,7 +48,7 @@ class NativeModel:
         self.lib = lib
         self.packed = packed
         self._packed: dict[tuple[str, ...], list] = {}  # packed parts by weight names (kept across rebuilds)
-        self._kv_cache: dict[int, abi.KV] = {}
+        self._kv_desc: tuple[object, abi.KV] | None = None  # (the pool, its description)
         self.handle = None
         self.rebuild()
         lib.lp_set_threads(torch.get_num_threads())  # -t sets torch's count before loading
@@ -258,8 +258,8 @@ class NativeModel:
     # -- one step --------------------------------------------------------------------------------
 
     def _kv(self, kv) -> abi.KV:
-        desc = self._kv_cache.get(id(kv))
-        if desc is None or desc._owner is not kv:
+        """The pool's description for the C side, made once per pool (an engine keeps one)."""
+        if self._kv_desc is None or self._kv_desc[0] is not kv:
             n = len(kv.k)
             desc = abi.KV()
             desc.k_type, desc.v_type = KV_TYPES[kv.k[0].dtype], KV_TYPES[kv.v[0].dtype]
@@ -268,9 +268,8 @@ class NativeModel:
             desc._v = (ctypes.c_void_p * n)(*(t.data_ptr() for t in kv.v))
             desc.k = ctypes.cast(desc._k, ctypes.POINTER(ctypes.c_void_p))
             desc.v = ctypes.cast(desc._v, ctypes.POINTER(ctypes.c_void_p))
-            desc._owner = kv
-            self._kv_cache = {id(kv): desc}
-        return desc
+            self._kv_desc = (kv, desc)
+        return self._kv_desc[1]
 
     def embeddings(self, token_ids: torch.Tensor) -> torch.Tensor:
         return dequantize_rows(self.model.token_embd_info, token_ids.numpy())

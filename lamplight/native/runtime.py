@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import subprocess
 import threading
 import time
 from typing import Callable
@@ -64,19 +65,13 @@ def library(progress: Callable[[str], None] | None = None) -> ctypes.CDLL | None
             try:
                 load_variant(variant, progress)
                 _state["variant"] = variant
-            except (build.BuildError, OSError, AttributeError, subprocess_error()) as exc:
+            except (build.BuildError, OSError, AttributeError, subprocess.SubprocessError) as exc:
                 _state["reason"] = str(exc).splitlines()[0]
         if _state["variant"] is None:
             log.warning("native kernels unavailable (%s): running on PyTorch's kernels, which are slower",
                         _state["reason"])
     variant = _state["variant"]
     return _loaded[variant] if variant else None
-
-
-def subprocess_error():
-    import subprocess
-
-    return subprocess.SubprocessError
 
 
 def variant_of(lib: ctypes.CDLL) -> str:

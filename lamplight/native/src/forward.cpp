@@ -801,12 +801,6 @@ int32_t lp_profile(int32_t enable, double* out) {
     return P_COUNT;
 }
 
-void lp_linear(const LpLinear* lin, const float* x, int32_t n_rows, float* y) {
-    thread_local vector<uint8_t> acts;
-    linear(*lin, x, n_rows, y, acts);
-    lp::pool_park();
-}
-
 void lp_set_threads(int32_t n) { lp::pool_set_threads(n); }
 
 int32_t lp_get_threads(void) { return lp::pool_threads(); }

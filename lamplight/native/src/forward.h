@@ -116,11 +116,9 @@ void* lp_model_new(const LpConfig* config, const LpLayer* layers);
 void lp_model_free(void* model);
 // Logits [n_logits, vocab] for the batch's logit rows; K/V of every row written to the pool.
 int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* logits);
-// y [n_rows, lin->n_out] = x [n_rows, k] through one (possibly fused) linear, on the pool.
 // Bytes of scratch the model's steps have grown so far (it grows with the largest step: the
 // rows of a step and the longest context attended to).
 int64_t lp_model_scratch_bytes(void* model);
-void lp_linear(const LpLinear* lin, const float* x, int32_t n_rows, float* y);
 // Start (enable != 0) or stop timing the forward's phases; writes the ms accumulated so far per
 // phase into out (if not null: norm, qkv, rope_kv, attention, wo, residual, gate_up, activation,
 // down, head) and resets them. Returns the number of phases.
