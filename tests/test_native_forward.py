@@ -231,6 +231,7 @@ def test_server_serves_on_native_kernels_and_says_so(tmp_path):
 
     loaded = lamplight.load(str(write_tiny_llama(tmp_path / "t.gguf", qtype=Q.Q4_1)), fast=True)
     assert loaded.model.native is not None and loaded.kernels.startswith("native ")
+    torch_threads = torch.get_num_threads()  # build_engine gives PyTorch one thread: restored below
     engine = build_engine(loaded, EngineOptions(n_ctx=512, n_parallel=2))
     server = serve(loaded, engine)
     try:
@@ -242,9 +243,11 @@ def test_server_serves_on_native_kernels_and_says_so(tmp_path):
         assert reply["tokens_predicted"] == 5
         assert "scratch" in httpx.get(f"{server.url}/props").json()["lamplight"]["memory_mib"]
         assert loaded.model.native.scratch_bytes() > 0
+        assert torch.get_num_threads() == 1
     finally:
         server.stop()
         engine.stop()
+        torch.set_num_threads(torch_threads)
 
 
 def test_out_of_range_positions_are_refused_not_read(tiny):

@@ -64,8 +64,8 @@ def build_engine(loaded: Any, options: EngineOptions) -> Any:
                           cache_type_k=options.cache_type_k or default_cache_type(loaded.model),
                           cache_type_v=options.cache_type_v or default_cache_type(loaded.model))
     loras = load_adapters(options.loras, loaded.model.config.architecture, options.lora_init_without_apply)
-    if getattr(loaded.model, "native", None) is not None and not loras:
-        dedicate_threads_to_native()
+    if getattr(loaded.model, "native", None) is not None and not options.compile:
+        dedicate_threads_to_native()  # --compile moves the model to PyTorch's kernels, which need them
     try:
         engine = Engine(loaded.model, loaded.tokenizer, config, loras=loras)
     except GGUFError as exc:  # an adapter for weights the model does not have, or of other shapes
