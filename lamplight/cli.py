@@ -120,6 +120,9 @@ def _add_replica_arguments(add) -> None:
              "-t is split between them, --slot-save-path gets a subfolder per replica (default: one process, no Ray)")
     add("--ray-address", metavar="ADDR",
         help="with --replicas: join this Ray cluster (e.g. auto, ray://HOST:10001) instead of starting a local one")
+    add("--route", choices=("prefix", "random"), default="prefix",
+        help="with --replicas: prefix (a request goes where its prompt prefix was served, see --route-imbalance) "
+             "or random (plain load spreading, the baseline) (default: %(default)s)")
     add("--route-imbalance", type=int, default=None, metavar="N",
         help="with --replicas: a request follows its prompt prefix to a replica unless that replica has more than N "
              "requests in flight beyond the least loaded one (default: -np)")

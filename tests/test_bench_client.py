@@ -38,6 +38,10 @@ class FakeSpec:
     fail_status: int | None = None
     # Generation requests served before the fake starts failing (None: never).
     fail_after: int | None = None
+    # Prompts the prefix cache remembers (a server's slots); a request reuses the best match.
+    cache_slots: int = 1
+    # Sent as X-Lamplight-Replica, as lamplight's replicas do.
+    replica: str | None = None
 
     @property
     def decode_tps(self) -> float:
@@ -50,7 +54,7 @@ def _sse(data: dict) -> str:
 
 def make_fake_app(spec: FakeSpec) -> FastAPI:
     app = FastAPI()
-    cache = {"words": []}
+    cache: list[list[str]] = []
     served = {"requests": 0}
 
     @app.get("/v1/models")
@@ -75,12 +79,14 @@ def make_fake_app(spec: FakeSpec) -> FastAPI:
         n_tokens = body["max_tokens"]
         if not (spec.honour_ignore_eos and body.get("ignore_eos")):
             n_tokens = min(n_tokens, 5)
+        headers = {"x-lamplight-replica": spec.replica} if spec.replica else None
         return StreamingResponse(stream(text.split(), n_tokens, body, chat),
-                                 media_type="text/event-stream")
+                                 media_type="text/event-stream", headers=headers)
 
     async def stream(words: list[str], n_tokens: int, body: dict, chat: bool):
-        cached = _common_prefix(cache["words"], words)
-        cache["words"] = words
+        cached = max((_common_prefix(old, words) for old in cache), default=0)
+        cache.insert(0, words)
+        del cache[spec.cache_slots:]
         prefill_s = spec.per_prompt_token_delay * (len(words) - cached)
         await asyncio.sleep(spec.first_token_delay + prefill_s)
         for sent in range(0, n_tokens, spec.tokens_per_chunk):
@@ -92,8 +98,8 @@ def make_fake_app(spec: FakeSpec) -> FastAPI:
             yield _sse({"choices": [{**choice, "finish_reason": None}]})
         yield _sse({"choices": [{"index": 0, "text": "", "delta": {}, "finish_reason": "length"}]})
         if (body.get("stream_options") or {}).get("include_usage"):
-            yield _sse({"choices": [], "usage": {"prompt_tokens": len(words),
-                                                 "completion_tokens": n_tokens}})
+            yield _sse({"choices": [], "usage": {"prompt_tokens": len(words), "completion_tokens": n_tokens,
+                                                 "prompt_tokens_details": {"cached_tokens": cached}}})
         yield "data: [DONE]\n\n"
 
     @app.post("/v1/completions")
@@ -238,6 +244,34 @@ def test_compare_interleaves_and_ratios_favour_the_faster_server(
 
     table = capsys.readouterr().out
     assert "A/B" in table and fast_server.url in table and slow_server.url in table
+
+
+def test_conversations_report_cache_reuse_and_replica_affinity_per_turn(tmp_path, capsys):
+    with FakeServer(FakeSpec(cache_slots=4, replica="r1")) as roomy, FakeServer(FakeSpec()) as one_slot, \
+            FakeServer(FakeSpec(cache_slots=4)) as third:
+        code, report = run_bench(tmp_path, "--url", roomy.url, "--compare", one_slot.url, "--compare", third.url,
+                                 "--scenarios", "conversation")
+    assert code == 0, capsys.readouterr().err
+    requests = report["scenarios"][0]["requests"]
+    assert len(requests) == 3 * 3 * 3 and {r["server"] for r in requests} == {"A", "B", "C"}
+    # Turn k of every conversation on A, then on B, then on C, then turn k + 1.
+    assert [r["server"] for r in requests[:9]] == ["A"] * 3 + ["B"] * 3 + ["C"] * 3
+    for label in "ABC":
+        for conversation in range(3):
+            turns = sorted((r for r in requests if r["server"] == label and r["conversation"] == conversation),
+                           key=lambda r: r["turn"])
+            prompts = [r["usage_prompt_tokens"] for r in turns]
+            # Each turn repeats the last one, its reply (8 tokens) and a new user message.
+            assert prompts[0] < prompts[0] + 8 < prompts[1] < prompts[2], prompts
+    share = metric(report, "conversation", "prompt tokens from the cache")["values"]
+    # Four remembered prompts hold all three conversations; one holds only the shared system prompt.
+    assert share["A"] > 80 and share["C"] > 80 and share["B"] < share["A"]
+    assert metric(report, "conversation", "cached prompt tokens, turn 3")["values"]["A"] > \
+        metric(report, "conversation", "cached prompt tokens, turn 2")["values"]["A"]
+    affinity = metric(report, "conversation", "turns on the previous turn's replica")["values"]
+    assert affinity == {"A": 100.0, "B": None, "C": None}
+    table = capsys.readouterr().out
+    assert "TTFT, turn 3" in table and third.url in table and "A/B" not in table
 
 
 def test_short_outputs_are_detected_and_reported(tmp_path, capsys):

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -106,6 +107,67 @@ def test_cli_serves_replicas_and_stops_cleanly_on_sigterm(tmp_path):
     assert not alive, f"Ray processes left behind: {alive}"
 
 
+def wait_healthy(port: int, process: subprocess.Popen, log_path, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+
+
+# Before the module's Ray instance too: a cluster of its own, made by `ray start`.
+def test_ray_address_joins_an_existing_cluster_and_leaves_it_running(tmp_path):
+    pytest.importorskip("ray.serve", reason=RAY_SKIP)
+    from lamplight.distributed.launch import descendants, reap
+
+    model = write_tiny_llama(tmp_path / "tiny.gguf", n_ctx=1024)
+    gcs_port, port = free_port(), free_port()
+    head_log = open(tmp_path / "head.log", "w+")
+    head = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={gcs_port}", "--num-cpus=2",
+                             "--include-dashboard=false", "--disable-usage-stats"],
+                            stdout=head_log, stderr=subprocess.STDOUT)
+    log = open(tmp_path / "serve.log", "w+")
+    serve_process = None
+    try:
+        serve_process = subprocess.Popen(
+            [sys.executable, "-m", "lamplight.cli", "serve", "--replicas", "1", "--ray-address",
+             f"127.0.0.1:{gcs_port}", "-m", str(model), "-c", "1024", "-np", "1", "--port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT)
+        wait_healthy(port, serve_process, tmp_path / "serve.log")
+        reply = chat(f"http://127.0.0.1:{port}", [{"role": "user", "content": "hi"}])
+        assert reply.headers[REPLICA]
+        serve_process.send_signal(signal.SIGTERM)
+        assert serve_process.wait(timeout=120) == 0, (tmp_path / "serve.log").read_text()
+        assert f"on 127.0.0.1:{gcs_port}" in (tmp_path / "serve.log").read_text()
+        # Only lamplight's application is gone: the cluster and its Serve proxy keep running.
+        assert head.poll() is None, (tmp_path / "head.log").read_text()
+        deadline = time.monotonic() + 60
+        while (status := httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code) == 200:
+            assert time.monotonic() < deadline, "lamplight's application outlived its command"
+            time.sleep(0.5)
+        assert status in (404, 503), status
+    finally:
+        if serve_process is not None and serve_process.poll() is None:
+            serve_process.kill()
+            serve_process.wait(30)
+        started = descendants(head.pid)
+        head.terminate()
+        try:
+            head.wait(60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+        reap(started)
+        log.close()
+        head_log.close()
+        current = "/tmp/ray/ray_current_cluster"  # `ray stop` would delete it; SIGTERM does not
+        if os.path.exists(current) and open(current).read().strip().endswith(f":{gcs_port}"):
+            os.remove(current)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A local Ray instance with two replicas of a tiny model; always shut down."""
@@ -123,7 +185,7 @@ def cluster(tmp_path_factory):
                                       "--port", str(port), "--replicas", "2"])
     started = time.monotonic()
     environ, handlers = dict(os.environ), {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    ray.init(num_cpus=2, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False,
+    ray.init(address="local", num_cpus=2, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False,
              log_to_driver=False, logging_level="WARNING")
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
@@ -154,8 +216,11 @@ def test_openai_client_streaming_and_errors_pass_through(cluster):
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{cluster}/v1", api_key="unused", timeout=120, max_retries=0)
-    reply = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    raw = client.chat.completions.with_raw_response.create(model="x", messages=[{"role": "user", "content": "Hi"}],
+                                                           max_tokens=4)
+    reply = raw.parse()
     assert reply.choices[0].message.content is not None and reply.usage.completion_tokens >= 1
+    assert raw.headers.get_list("server") == ["uvicorn"]  # Ray Serve's proxy's; the replica's is dropped
     chunks = list(client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hi"}],
                                                  max_tokens=4, stream=True, extra_body={"ignore_eos": True}))
     assert len(chunks) >= 4 and chunks[-1].choices[0].finish_reason == "length"
@@ -199,6 +264,18 @@ def test_unrelated_requests_use_both_replicas_and_slots_are_per_replica(cluster)
     assert all(f'replica="{replica}"' in metrics.text for replica in seen)
 
 
+def stream_events(url: str, started: "threading.Event", body: dict) -> list[dict]:
+    """The JSON events of an SSE response; sets `started` at the first one."""
+    events = []
+    with httpx.stream("POST", url, json=body, timeout=120) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line[6:]))
+                started.set()
+    return events
+
+
 def replica_actors() -> dict:
     """Replica id -> its Ray actor (Ray Serve names them SERVE_REPLICA::app#Replica#ID)."""
     import ray
@@ -225,16 +302,25 @@ def test_a_killed_replica_loses_no_request_that_had_not_started(cluster):
     victim_id = sorted(actors)[0]
     victim_pid = ray.get(actors[victim_id].__ray_call__.remote(lambda self: os.getpid()), timeout=60)
     conversations = [[{"role": "user", "content": f"question {i} " * 4}] for i in range(6)]
-    with ThreadPoolExecutor(6) as pool:
+    streaming = threading.Event()
+    with ThreadPoolExecutor(7) as pool:
+        # One stream on the victim that has started when the victim dies: it must end, with an error event.
+        cut = pool.submit(stream_events, f"{cluster}/v1/chat/completions?replica={victim_id}", streaming,
+                          {"messages": [{"role": "user", "content": "a long story"}], "max_tokens": 2000,
+                           "ignore_eos": True, "stream": True})
+        assert streaming.wait(120), "the stream on the victim never started"
         futures = [pool.submit(chat, cluster, messages, max_tokens=600) for messages in conversations]
         deadline = time.monotonic() + 60
-        while not any(slot["is_processing"] for slot in httpx.get(
-                f"{cluster}/slots", params={"replica": victim_id}, timeout=60).json()):
-            assert time.monotonic() < deadline, "the victim never got a request"
+        while sum(slot["is_processing"] for slot in httpx.get(  # the stream and one of the six
+                f"{cluster}/slots", params={"replica": victim_id}, timeout=60).json()) < 2:
+            assert time.monotonic() < deadline, "the victim never got one of the six requests"
             time.sleep(0.05)
         os.kill(victim_pid, signal.SIGKILL)  # mid-generation: nothing of those responses was sent yet
         served = [future.result(timeout=300) for future in futures]  # each asserts a 200
+        events = cut.result(timeout=120)
     assert all(response.json()["usage"]["completion_tokens"] == 600 for response in served)
+    assert any("choices" in event for event in events), events[:3]
+    assert events[-1].get("error", {}).get("code") == 503, events[-3:]  # no [DONE]: the stream was cut
     assert sorted(actors)[1] in {response.headers[REPLICA] for response in served}
     assert any(response.headers.get("x-lamplight-retries") for response in served)
     for i in range(3):  # the service keeps answering while Ray replaces the dead replica

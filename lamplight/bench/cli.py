@@ -18,7 +18,8 @@ from lamplight.bench.scenarios import SCENARIOS
 DESCRIPTION = (
     "Benchmark OpenAI-compatible servers (lamplight, llama.cpp's llama-server, vLLM...) with "
     "streamed requests: decode speed, time to first token, throughput under concurrency and "
-    "prefix-cache reuse. With --compare, both servers run the same prompts, interleaved."
+    "prefix-cache reuse, multi-turn conversations. With --compare (repeatable: servers B, C, ...), all servers "
+    "run the same prompts, interleaved."
 )
 
 
@@ -26,9 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the benchmark's options to `parser` (a standalone parser or a subcommand's)."""
     parser.add_argument("--url", default="http://127.0.0.1:8080",
                         help="server A (default: %(default)s)")
-    parser.add_argument("--compare", metavar="URL", help="server B, measured side by side with A")
+    parser.add_argument("--compare", metavar="URL", action="append",
+                        help="server B, measured side by side with A; repeat for C, D, ...")
     parser.add_argument("--model", help="model name sent to A (default: first of its /v1/models)")
-    parser.add_argument("--compare-model", metavar="NAME", help="model name sent to B")
+    parser.add_argument("--compare-model", metavar="NAME", action="append",
+                        help="model name sent to B (repeat for C, ... in --compare's order)")
     parser.add_argument("--api", choices=("completions", "chat"), default="completions",
                         help="endpoint: /v1/completions or /v1/chat/completions")
     parser.add_argument("--scenarios", nargs="+", metavar="NAME", type=_scenario_names,
@@ -95,10 +98,13 @@ def run_with_args(args: argparse.Namespace) -> int:
 
 def options_from_args(args: argparse.Namespace) -> BenchOptions:
     servers = [ServerSpec(args.url, args.model)]
-    if args.compare:
-        if args.compare.rstrip("/") == args.url.rstrip("/"):
-            raise BenchError("--compare must name a different server than --url")
-        servers.append(ServerSpec(args.compare, args.compare_model))
+    compare_models = list(args.compare_model or [])
+    for i, url in enumerate(args.compare or []):
+        if url.rstrip("/") in {spec.url.rstrip("/") for spec in servers}:
+            raise BenchError(f"--compare {url}: that server is already measured (each URL once)")
+        servers.append(ServerSpec(url, compare_models[i] if i < len(compare_models) else None))
+    if len(servers) > 26:
+        raise BenchError("at most 26 servers (A to Z)")
     names = [name for group in (args.scenarios or [list(SCENARIOS)]) for name in group]
     return BenchOptions(
         servers=servers,

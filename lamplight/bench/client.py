@@ -17,6 +17,9 @@ import httpx
 from lamplight.bench.prompts import Prompt
 
 
+REPLICA_HEADER = "x-lamplight-replica"  # lamplight serve --replicas: the replica that answered
+
+
 class BenchError(Exception):
     """A failure the user should see as a one-line message, not a traceback."""
 
@@ -47,7 +50,13 @@ class RequestResult:
     usage_prompt_tokens: int | None = None
     finish_reason: str | None = None
     server_timings: dict | None = None
+    # Prompt tokens the server took from its cache (usage.prompt_tokens_details or timings.cache_n).
+    cached_tokens: int | None = None
+    # The replica that served the request, when a router says so (lamplight --replicas).
+    replica: str | None = None
     error: str | None = None
+    # The generated text (a conversation's next turn repeats it); not written to the report.
+    text: str = ""
 
     @property
     def output_tokens(self) -> int:
@@ -68,8 +77,10 @@ class RequestResult:
         return self.error is None and self.output_tokens < self.max_tokens
 
     def to_dict(self) -> dict:
+        fields = asdict(self)
+        del fields["text"]
         return {
-            **asdict(self),
+            **fields,
             "output_tokens": self.output_tokens,
             "decode_tps": self.decode_tps,
             "short": self.short,
@@ -93,16 +104,24 @@ class StreamRecorder:
         if isinstance(usage, dict):
             self.result.usage_completion_tokens = usage.get("completion_tokens")
             self.result.usage_prompt_tokens = usage.get("prompt_tokens")
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            if isinstance(cached, int):
+                self.result.cached_tokens = cached
         if isinstance(event.get("timings"), dict):
             self.result.server_timings = event["timings"]
+            if self.result.cached_tokens is None and isinstance(event["timings"].get("cache_n"), int):
+                self.result.cached_tokens = event["timings"]["cache_n"]
         for choice in event.get("choices") or []:
             self._on_choice(choice, now)
 
     def _on_choice(self, choice: dict, now: float) -> None:
         if choice.get("finish_reason"):
             self.result.finish_reason = choice["finish_reason"]
-        if not _choice_text(choice):
+        text = _choice_text(choice)
+        if not text:
             return
+        if choice.get("text") or (choice.get("delta") or {}).get("content"):
+            self.result.text += text  # the answer, not the thinking
         self.result.content_chunks += 1
         if self.first_at is None:
             self.first_at = now
@@ -166,10 +185,23 @@ class ServerClient:
         return await self._tokenize(text, self._tokenize_style)
 
     async def stream(self, prompt: Prompt, max_tokens: int) -> RequestResult:
+        body = self._request_body(max_tokens)
+        if self.api == "chat":
+            body["messages"] = prompt.messages()
+        else:
+            body["prompt"] = prompt.text()
+        return await self._stream(self._endpoint(), body, max_tokens)
+
+    async def stream_chat(self, messages: list[dict], max_tokens: int) -> RequestResult:
+        """One turn of a conversation: chat completions whatever `api` says."""
+        return await self._stream("/v1/chat/completions", {**self._request_body(max_tokens), "messages": messages},
+                                  max_tokens)
+
+    async def _stream(self, endpoint: str, body: dict, max_tokens: int) -> RequestResult:
         recorder = StreamRecorder(max_tokens)
         try:
-            async with self._http.stream("POST", self._endpoint(),
-                                         json=self._request_body(prompt, max_tokens)) as response:
+            async with self._http.stream("POST", endpoint, json=body) as response:
+                recorder.result.replica = response.headers.get(REPLICA_HEADER)
                 if response.status_code >= 400:
                     return recorder.finish(await _describe_http_error(response))
                 await _read_events(response, recorder)
@@ -180,7 +212,7 @@ class ServerClient:
     def _endpoint(self) -> str:
         return "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
 
-    def _request_body(self, prompt: Prompt, max_tokens: int) -> dict:
+    def _request_body(self, max_tokens: int) -> dict:
         body: dict[str, Any] = {
             "max_tokens": max_tokens,
             "temperature": 0,
@@ -191,10 +223,6 @@ class ServerClient:
         }
         if self.model:
             body["model"] = self.model
-        if self.api == "chat":
-            body["messages"] = prompt.messages()
-        else:
-            body["prompt"] = prompt.text()
         return body
 
     async def _get_json(self, path: str) -> Any:

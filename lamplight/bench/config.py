@@ -26,6 +26,13 @@ class BenchConfig:
     prefix_user_tokens: int = 16
     prefix_requests: int = 5
     prefix_max_tokens: int = 2
+    # (5) multi-turn conversations sharing one system prompt, all in flight at once; each turn
+    # repeats the conversation so far (the replies as generated) and adds a user message
+    conversation_count: int = 4
+    conversation_turns: int = 4
+    conversation_system_tokens: int = 512
+    conversation_user_tokens: int = 32
+    conversation_max_tokens: int = 16
     # Warm-up request sent to each server before measuring (first requests are often slow).
     warmup_max_tokens: int = 8
 
@@ -43,5 +50,9 @@ QUICK_CONFIG = BenchConfig(
     concurrency_max_tokens=8,
     prefix_system_tokens=512,
     prefix_requests=3,
+    conversation_count=3,
+    conversation_turns=3,
+    conversation_system_tokens=256,
+    conversation_max_tokens=8,
     warmup_max_tokens=4,
 )

@@ -55,3 +55,12 @@ class BenchContext:
         scenario.records.append(record)
         self.progress.tick(failed=result.error is not None)
         return record
+
+    async def measure_chat(self, scenario: ScenarioResult, target: Target, messages: list[dict],
+                           max_tokens: int, **tags) -> dict:
+        """One timed chat turn; the record's "reply" holds the text generated."""
+        result = await target.client.stream_chat(messages, max_tokens)
+        record = {"server": target.label, **tags, **result.to_dict(), "reply": result.text}
+        scenario.records.append(record)
+        self.progress.tick(failed=result.error is not None)
+        return record

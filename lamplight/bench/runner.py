@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import string
 import time
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
@@ -43,7 +44,7 @@ async def run_benchmark(options: BenchOptions, progress: Progress) -> BenchRepor
     started = time.perf_counter()
     async with AsyncExitStack() as stack:
         targets = [await _open_target(stack, label, spec, options, progress)
-                   for label, spec in zip("AB", options.servers)]
+                   for label, spec in zip(string.ascii_uppercase, options.servers)]
         prompts = await _prompt_factory(targets, options.seed, progress)
         ctx = BenchContext(targets, prompts, options.config, progress, options.api)
         warmup = [await _warm_up(ctx, target) for target in targets]

@@ -1,4 +1,4 @@
-"""The four benchmark scenarios.
+"""The five benchmark scenarios.
 
 Each scenario builds all its prompts first (tokenizer calls never overlap timed requests), then
 sends each step to every server in turn (A, B, A, B...) so that drift in the machine's load or
@@ -194,6 +194,71 @@ def _speedup_row(first: MetricRow, later: MetricRow) -> MetricRow:
                      values, dict(later.samples))
 
 
+async def run_conversations(ctx: BenchContext) -> ScenarioResult:
+    """Conversations that share a long system prompt, all in flight at once, turn by turn: what
+    a prefix cache (and, with replicas, routing that keeps a conversation on one) is for. Each
+    server runs every conversation's turn k before the next server does (A, B, C, then turn k+1)."""
+    cfg = ctx.config
+    scenario = ScenarioResult("conversation", {"conversations": cfg.conversation_count,
+                                               "turns": cfg.conversation_turns,
+                                               "system_tokens": cfg.conversation_system_tokens,
+                                               "user_tokens": cfg.conversation_user_tokens,
+                                               "max_tokens": cfg.conversation_max_tokens})
+    system = (await ctx.prompts.prompt(cfg.conversation_system_tokens, "conversation/system")).user
+    users = [[(await ctx.prompts.prompt(cfg.conversation_user_tokens, f"conversation/{c}/{turn}")).user
+              for turn in range(cfg.conversation_turns)] for c in range(cfg.conversation_count)]
+    histories = {t.label: [[{"role": "system", "content": system}] for _ in users] for t in ctx.targets}
+    ctx.progress.start("conversation", cfg.conversation_count * cfg.conversation_turns * len(ctx.targets))
+
+    async def turn_of(target: Target, conversation: int, turn: int) -> None:
+        history = histories[target.label][conversation]
+        history.append({"role": "user", "content": users[conversation][turn]})
+        previous = scenario.records_of(target.label, conversation=conversation, turn=turn - 1)
+        record = await ctx.measure_chat(scenario, target, history, cfg.conversation_max_tokens,
+                                        conversation=conversation, turn=turn)
+        record["same_replica"] = (record["replica"] == previous[0]["replica"]
+                                  if previous and record["replica"] else None)
+        history.append({"role": "assistant", "content": record.pop("reply")})
+
+    for turn in range(cfg.conversation_turns):
+        for target in ctx.targets:
+            await asyncio.gather(*(turn_of(target, c, turn) for c in range(cfg.conversation_count)))
+    ctx.progress.finish()
+    scenario.rows = _conversation_rows(scenario, ctx, cfg.conversation_turns)
+    return scenario
+
+
+def _conversation_rows(scenario: ScenarioResult, ctx: BenchContext, turns: int) -> list[MetricRow]:
+    rows = []
+    for turn in range(turns):
+        rows.append(summary_row(scenario, ctx, f"TTFT, turn {turn + 1}", "ms", False, "ttft_s", 1000,
+                                select=lambda r, turn=turn: r["turn"] == turn))
+    for turn in range(1, turns):
+        rows.append(summary_row(scenario, ctx, f"cached prompt tokens, turn {turn + 1}", "tokens", True,
+                                "cached_tokens", select=lambda r, turn=turn: r["turn"] == turn))
+    later = [r for r in scenario.records if r["turn"] > 0 and not r["error"]]
+    rows.append(_share_row(scenario, ctx, "prompt tokens from the cache, turns 2+", later,
+                           lambda r: r["cached_tokens"], lambda r: r["usage_prompt_tokens"]))
+    if any(r["same_replica"] is not None for r in later):
+        rows.append(_share_row(scenario, ctx, "turns on the previous turn's replica", later,
+                               lambda r: None if r["same_replica"] is None else int(r["same_replica"]),
+                               lambda r: 1))
+    return rows
+
+
+def _share_row(scenario: ScenarioResult, ctx: BenchContext, name: str, records: list[dict],
+               part: Callable[[dict], int | None], whole: Callable[[dict], int | None]) -> MetricRow:
+    """sum(part) / sum(whole) in percent, per server, over records where both are known."""
+    values, samples = {}, {}
+    for target in ctx.targets:
+        pairs = [(part(r), whole(r)) for r in records if r["server"] == target.label]
+        pairs = [(p, w) for p, w in pairs if p is not None and w]
+        total = sum(w for _, w in pairs)
+        values[target.label] = 100.0 * sum(p for p, _ in pairs) / total if total else None
+        samples[target.label] = len(pairs)
+    return MetricRow(scenario.name, name, "%", True, values, samples)
+
+
 Scenario = Callable[[BenchContext], Awaitable[ScenarioResult]]
 
 SCENARIOS: dict[str, Scenario] = {
@@ -201,4 +266,5 @@ SCENARIOS: dict[str, Scenario] = {
     "ttft": run_ttft,
     "concurrency": run_concurrency,
     "prefix": run_prefix_cache,
+    "conversation": run_conversations,
 }

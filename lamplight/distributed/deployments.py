@@ -111,8 +111,9 @@ class Replica:
 
         async def send(message: dict) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", ()),
-                                                  (REPLICA_HEADER.encode(), self.replica_id.encode())]}
+                # Ray Serve's proxy (uvicorn) sends its own `server` header: lamplight's would be a second.
+                headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"server"]
+                message = {**message, "headers": [*headers, (REPLICA_HEADER.encode(), self.replica_id.encode())]}
             await messages.put(message)
 
         async def run() -> None:
@@ -332,12 +333,14 @@ class Ingress:
 
 
 def build_application(spec: ReplicaSpec, replicas: int, max_imbalance: int | None = None,
-                      block_chars: int = DEFAULT_BLOCK_CHARS, num_cpus: float | None = None):
+                      block_chars: int = DEFAULT_BLOCK_CHARS, num_cpus: float | None = None,
+                      policy: str = "prefix"):
     """The Ray Serve application: an ingress over `replicas` replicas of `spec`."""
     options = spec.options
     router = RequestRouterConfig(
         request_router_class="lamplight.distributed.routing.PrefixAffinityRouter",
-        request_router_kwargs={"max_imbalance": options.n_parallel if max_imbalance is None else max_imbalance})
+        request_router_kwargs={"max_imbalance": options.n_parallel if max_imbalance is None else max_imbalance,
+                               "policy": policy})
     replica = serve.deployment(Replica, name="Replica").options(
         num_replicas=replicas, max_ongoing_requests=options.n_parallel + options.queue_size,
         ray_actor_options={"num_cpus": spec.threads if num_cpus is None else num_cpus},
@@ -375,4 +378,4 @@ def build_app(config: dict):
     args = build_parser().parse_args(argv)
     args.replicas = args.replicas or 1
     return build_application(spec_from_args(args, threads_per_replica(args, os.cpu_count() or 1)),
-                             args.replicas, args.route_imbalance, args.route_block_chars)
+                             args.replicas, args.route_imbalance, args.route_block_chars, policy=args.route)

@@ -25,6 +25,8 @@ def _stop(signum, frame):
 
 
 def run_replicas(args) -> int:
+    if args.ray_address:
+        use_cluster_token()  # before Ray reads its configuration
     try:
         import ray
         from ray import serve
@@ -53,7 +55,8 @@ def run_replicas(args) -> int:
     started = time.monotonic()
     try:
         if local:
-            ray.init(num_cpus=cpus, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False,
+            # address="local": a new instance, even where `ray start` left a cluster address behind.
+            ray.init(address="local", num_cpus=cpus, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False,
                      log_to_driver=False, logging_level="WARNING")
         else:
             ray.init(address=args.ray_address, log_to_driver=False, logging_level="WARNING")
@@ -63,7 +66,8 @@ def run_replicas(args) -> int:
                     proxy_location="HeadOnly")
         _say(f"starting {args.replicas} replica(s) of {args.model}, {threads} thread(s) each, on "
              f"{'a local Ray instance' if local else args.ray_address}")
-        serve.run(build_application(spec, args.replicas, args.route_imbalance, args.route_block_chars, num_cpus),
+        serve.run(build_application(spec, args.replicas, args.route_imbalance, args.route_block_chars, num_cpus,
+                                    policy=args.route),
                   name=APP_NAME, route_prefix="/")
         _say(f"{args.replicas} replica(s) ready in {time.monotonic() - started:.1f} s; "
              f"listening on http://{args.host}:{args.port}")
@@ -89,6 +93,17 @@ def run_replicas(args) -> int:
             reap(started_here)
             signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def use_cluster_token() -> None:
+    """`ray start` (2.60) turns token authentication on and keeps the token in ~/.ray/auth_token,
+    but a driver joining with ray.init(address=...) sends it only when RAY_AUTH_MODE=token:
+    set that when a token is at hand and the user chose no mode."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(path):
+        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def descendants(pid: int) -> list[int]:

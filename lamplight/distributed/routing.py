@@ -11,8 +11,12 @@ Policy, for each request the ingress sends with `route={"prefix": [hashes], "rep
    two random replicas, and Ray Serve sends the request to the one with the shorter queue.
    The request's prefixes then belong to that replica.
 
-Knobs (`request_router_kwargs`; `lamplight serve --route-imbalance N --route-block-chars N`):
-`max_imbalance` (default: the replica's slot count, -np), `block_chars` (prefix.py, used by the
+With `policy="random"` (`lamplight serve --route random`) every request that does not name a
+replica goes to a uniformly random replica instead: plain load balancing, the baseline prefix
+routing is measured against (`lamplight bench --scenarios conversation`).
+
+Knobs (`request_router_kwargs`; `lamplight serve --route prefix|random --route-imbalance N
+--route-block-chars N`): `policy` (default "prefix"), `max_imbalance` (default: the replica's slot count, -np), `block_chars` (prefix.py, used by the
 ingress), `table_size` (prefix hashes remembered, least recently used dropped; default 100000).
 The table lives in the ingress's process (one ingress: one table).
 """
@@ -39,7 +43,9 @@ def route_of(pending_request: Optional[PendingRequest]) -> dict:
 
 
 class PrefixAffinityRouter(RequestRouter):
-    def initialize_state(self, max_imbalance: int = 4, table_size: int = 100_000, **_ignored) -> None:
+    def initialize_state(self, max_imbalance: int = 4, table_size: int = 100_000, policy: str = "prefix",
+                         **_ignored) -> None:
+        self.policy = policy
         self.max_imbalance = max(0, int(max_imbalance))
         self.table_size = max(1, int(table_size))
         self.owners: OrderedDict[str, ReplicaID] = OrderedDict()  # prefix hash -> replica
@@ -61,6 +67,8 @@ class PrefixAffinityRouter(RequestRouter):
         target = route.get("replica")
         if target:
             return [[r for r in candidate_replicas if r.replica_id.unique_id == target]]
+        if self.policy == "random":
+            return [[random.choice(candidate_replicas)]]
         by_id = {r.replica_id: r for r in candidate_replicas}
         least = min(self._load(r) for r in candidate_replicas)
         for prefix in reversed(route.get("prefix") or ()):
