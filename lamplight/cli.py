@@ -93,8 +93,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="load the LoRA adapters at scale 0 (set scales later with POST /lora-adapters)")
     add("--slot-save-path", metavar="DIR", help="folder for POST /slots/{id}?action=save|restore")
     add("--reasoning-budget", type=int, default=-1, metavar="N",
-        help="thinking allowed to reasoning models: -1 unlimited, 0 none (enable_thinking false, an open "
-             "thinking block closed) (default: %(default)s)")
+        help="tokens of thinking per chat reply of a reasoning model: -1 unlimited, 0 none (enable_thinking "
+             "false, an open thinking block closed), N > 0: after N tokens the end of thinking is forced; "
+             "a request's reasoning_budget_tokens overrides it (default: %(default)s)")
+    add("--reasoning-budget-message", default="", metavar="TEXT",
+        help="text forced before the end of thinking when the reasoning budget runs out (default: none)")
     add("--spm-infill", action="store_true",
         help="/infill prompts as suffix/prefix/middle (SPM) instead of prefix/suffix/middle")
     add("-to", "--timeout", type=float, default=3600,
@@ -165,9 +168,8 @@ def _sampling_defaults(args: argparse.Namespace) -> dict:
 
 def _startup_problem(args: argparse.Namespace) -> str | None:
     """Flags that cannot work, found before the port is bound."""
-    if args.reasoning_budget not in (-1, 0):
-        return (f"--reasoning-budget {args.reasoning_budget}: only -1 (unlimited) and 0 (no thinking) are "
-                "supported; a token budget for thinking is not implemented")
+    if not -1 <= args.reasoning_budget <= 2**31 - 1:
+        return f"--reasoning-budget {args.reasoning_budget}: must be -1 (unlimited) or a number of tokens >= 0"
     if args.static_path and not os.path.isdir(args.static_path):
         return f"--path: not a directory: {args.static_path}"
     if args.slot_save_path and not os.path.isdir(args.slot_save_path):
@@ -199,6 +201,7 @@ def server_settings(args: argparse.Namespace):
         sse_ping_interval=args.sse_ping_interval, timeout=args.timeout, idle_timeout=args.idle_timeout,
         limits=_request_limits(args),
         slot_save_path=args.slot_save_path, spm_infill=args.spm_infill, reasoning_budget=args.reasoning_budget,
+        reasoning_budget_message=args.reasoning_budget_message,
         webui=args.webui, static_path=args.static_path,
     )
 

@@ -144,6 +144,9 @@ class Engine:
         bad = next((t for t in request.prompt_tokens if not 0 <= t < vocab), None)
         if bad is not None:
             raise InvalidRequestError(f"prompt token id {bad} is out of range [0, {vocab})")
+        budget = request.reasoning_budget
+        if budget is not None and any(not 0 <= t < vocab for t in (*budget.start, *budget.end, *budget.forced)):
+            raise InvalidRequestError(f"a reasoning budget marker token is out of range [0, {vocab})")
         if not 1 <= request.n_choices <= self.n_parallel:
             raise InvalidRequestError(f"n must be between 1 and the number of slots ({self.n_parallel})")
         if request.id_slot >= self.n_parallel or request.id_slot < -1:
@@ -470,7 +473,9 @@ class Engine:
         masks = fill_masks([s.grammar for s in seqs], logits.shape[-1])
         if masks is not None:
             masks = masks.to(logits.device)
-        result = sample_batch(logits, [s.sampler for s in seqs], allowed_mask=masks)
+        forced = [s.forced_token() for s in seqs]  # the reasoning budget closing a thinking block
+        result = sample_batch(logits, [s.sampler for s in seqs], allowed_mask=masks,
+                              forced=forced if any(t is not None for t in forced) else None)
         probs = result.probs if result.probs else [None] * len(seqs)
         return list(result.token_ids), list(probs)
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from .kv_cache import BlockTable
 from .stopping import StopMatcher
-from ..sampling import TokenProbs
+from ..sampling import ReasoningBudget, TokenProbs
 from .types import FinalEvent, GenerationRequest, Timings, TokenEvent
 
 if TYPE_CHECKING:
@@ -61,6 +61,8 @@ class Sequence:
         self.t_prompt_end: float | None = None
         self.t_last: float | None = None
         self.grammar = request.grammar.new_matcher() if request.grammar is not None else None
+        self.budget = (ReasoningBudget(request.reasoning_budget, getattr(tokenizer, "token_bytes", None))
+                       if request.reasoning_budget is not None else None)
         self.handle = None  # the RequestHandle this choice reports to (set by the engine)
         self.reported = False  # its FinalEvent was sent
 
@@ -84,6 +86,8 @@ class Sequence:
         self.generated.append(token_id)
         self.tokens.append(token_id)
         self.sampler.accept(token_id, is_generated=True)
+        if self.budget is not None:
+            self.budget.accept(token_id)
         if prob is not None:
             self.probs.append(prob)
 
@@ -108,6 +112,10 @@ class Sequence:
             return self._finish_token_event(token_id, prob)
         hold = max(self.stops.held_back(self.text), self._undecided_indent())
         return self._emit(token_id, prob, len(self.text) - hold)
+
+    def forced_token(self) -> int | None:
+        """The token the reasoning budget makes this step produce, if any."""
+        return self.budget.forced_token() if self.budget is not None else None
 
     def _check_stop_string(self) -> None:
         match = self.stops.find(self.text, self.sent)

@@ -49,6 +49,9 @@ class GenerationRequest:
     t_max_predict_ms: float = -1.0
     # Constrained decoding (lamplight.grammar.CompiledGrammar): each choice gets its own matcher.
     grammar: Any = None
+    # The reasoning budget (lamplight.sampling.ReasoningBudgetSpec): each choice gets its own
+    # state machine, which forces the end of its first thinking block once the budget is spent.
+    reasoning_budget: Any = None
     # DRY's sequence breakers as a lamplight.sampling.dry.BreakerTable, built before submitting
     # (it walks the vocabulary); None: the engine builds it when the request starts.
     dry_breakers: Any = None

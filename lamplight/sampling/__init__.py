@@ -6,14 +6,15 @@ The engine's whole interface:
     params.validate()                                   # ValueError("<field>: <reason>")
     sampler = SequenceSampler(params, tokenizer=tok, n_ctx=slot_ctx, choice_index=i, eog_ids=eogs)
     sampler.accept_many(prompt_ids)                     # history for penalties / DRY
-    result = sample_batch(logits, [sampler, ...], allowed_mask=None)   # logits: [B, V]
+    result = sample_batch(logits, [sampler, ...], allowed_mask=None, forced=None)   # logits: [B, V]
     sampler.accept(result.token_ids[row])               # the engine, once it keeps the token
     result.probs[row]                                   # TokenProbs when params.n_probs > 0
 
 Helpers for the HTTP layer: `parse_samplers` (names, aliases or letters -> canonical names),
 `resolve_logit_bias` (array or object form -> (id, bias) pairs), `effective_seed` (-1 -> random).
 
-Order, as llama.cpp (common_sampler_init): grammar mask -> logit_bias (+ ignore_eos bans) -> the
+Order, as llama.cpp (common_sampler_init): grammar mask -> logit_bias (+ ignore_eos bans) ->
+forced tokens (the reasoning budget: `forced[i]` leaves row i that one candidate) -> the
 row's `samplers` list (default penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc,
 temperature) -> the draw. With mirostat 1/2 the list is replaced by temperature -> mirostat.
 Temperature <= 0 keeps only the best token at the temperature step (greedy). dynatemp_range > 0
@@ -36,11 +37,14 @@ token only when a uniform falls within ~1e-7 of a CDF boundary. The model's own 
 with the batch than that.)
 
 Modules: params (SamplingParams, parse_samplers, effective_seed), sequence (SequenceSampler),
-chain (run_chain, sample_batch), logit_bias, penalties, dry, truncation (top_k, top_p, min_p,
-typical, top_n_sigma), xtc, temperature (incl. dynatemp), mirostat, probs (n_probs), rng,
-bench (`python -m lamplight.sampling.bench`).
+chain (run_chain, sample_batch), reasoning_budget (`--reasoning-budget N`'s per-sequence state
+machine: which token, if any, a step must produce), logit_bias, penalties, dry, truncation
+(top_k, top_p, min_p, typical, top_n_sigma), xtc, temperature (incl. dynatemp), mirostat,
+probs (n_probs), rng, bench (`python -m lamplight.sampling.bench`).
 
 Where this differs from llama.cpp on purpose (llama.cpp keeps -inf candidates in its array):
+* a forced token (reasoning budget) overrides logit_bias; llama.cpp runs its budget sampler
+  before logit_bias, so a -inf bias on the forced token leaves it no candidate at all;
 * a -inf candidate is no candidate: typical_p's entropy skips it (llama.cpp's 0*log 0 = NaN
   turns the filter into a plain cumulative cut), dynatemp's maximum entropy is log(number of
   finite candidates), XTC's and the filters' min_keep count finite candidates only;
@@ -56,10 +60,14 @@ from .chain import SampleResult, run_chain, sample_batch
 from .logit_bias import resolve_logit_bias
 from .params import DEFAULT_SAMPLERS, SamplingParams, effective_seed, parse_samplers
 from .probs import TokenProb, TokenProbs
+from .reasoning_budget import BudgetState, ReasoningBudget, ReasoningBudgetSpec
 from .sequence import SequenceSampler
 
 __all__ = [
+    "BudgetState",
     "DEFAULT_SAMPLERS",
+    "ReasoningBudget",
+    "ReasoningBudgetSpec",
     "SampleResult",
     "SamplingParams",
     "SequenceSampler",

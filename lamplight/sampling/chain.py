@@ -1,4 +1,4 @@
-"""The batched chain: grammar mask -> logit_bias -> each row's samplers -> the draw."""
+"""The batched chain: grammar mask -> logit_bias -> forced tokens -> each row's samplers -> the draw."""
 
 from __future__ import annotations
 
@@ -35,21 +35,29 @@ def sample_batch(
     logits: torch.Tensor,
     samplers: Sequence[SequenceSampler],
     allowed_mask: torch.Tensor | None = None,
+    forced: Sequence[int | None] | None = None,
 ) -> SampleResult:
     """Sample one token per row of `logits` [B, V], row i with `samplers[i]`.
 
     `allowed_mask` [B, V] (bool, optional) comes from a grammar: False entries are removed before
-    the chain. The samplers' state is not advanced: the engine calls `accept(token)` on each
-    row's SequenceSampler once it keeps the token.
+    the chain. `forced` (optional, one entry per row): a token the row must produce (the
+    reasoning budget closing a thinking block, lamplight.sampling.reasoning_budget), or None.
+    A forced token is the row's only candidate whatever logit_bias says; a grammar that forbids
+    it wins (the row is sampled as usual). A forced row is otherwise an ordinary step: it takes
+    its uniform numbers as any step does. The samplers' state is not advanced: the engine calls
+    `accept(token)` on each row's SequenceSampler once it keeps the token.
     """
     if logits.dim() != 2 or logits.shape[0] != len(samplers):
         raise ValueError(f"logits must be [len(samplers), n_vocab], got {tuple(logits.shape)}")
     if not samplers:
         return SampleResult([], [])
-    state = _run_chain(logits, samplers, allowed_mask)
+    forced_rows = _forced_rows(forced, allowed_mask, len(samplers))
+    state = _run_chain(logits, samplers, allowed_mask, forced=forced_rows)
     distribution = _FinalDistribution.of(state)
     tokens = distribution.draw([s.draw_uniform() for s in samplers])
     tokens = _fallback_for_empty_rows(tokens, distribution, logits, allowed_mask)
+    for row, token in forced_rows.items():
+        tokens[row] = token  # the chain keeps it as the only candidate; this makes it certain
     _propose_mirostat_mu(distribution, tokens, samplers)
     return SampleResult(tokens, _token_probs(logits, distribution, tokens, samplers))
 
@@ -59,9 +67,26 @@ def run_chain(
     samplers: Sequence[SequenceSampler],
     allowed_mask: torch.Tensor | None = None,
     on_step: StepObserver | None = None,
+    forced: Sequence[int | None] | None = None,
 ) -> torch.Tensor:
     """The logits the draw samples from: a new float32 tensor, removed candidates at -inf."""
-    return _run_chain(logits, samplers, allowed_mask, on_step).work
+    forced_rows = _forced_rows(forced, allowed_mask, len(samplers))
+    return _run_chain(logits, samplers, allowed_mask, on_step, forced_rows).work
+
+
+def _forced_rows(
+    forced: Sequence[int | None] | None, allowed_mask: torch.Tensor | None, n_rows: int
+) -> dict[int, int]:
+    """{row: token} of the rows that produce a forced token (those whose grammar allows it)."""
+    if forced is None:
+        return {}
+    if len(forced) != n_rows:
+        raise ValueError(f"forced must have one entry per row ({n_rows}), got {len(forced)}")
+    rows = {row: int(token) for row, token in enumerate(forced) if token is not None}
+    if rows and allowed_mask is not None:
+        allowed = allowed_mask[list(rows), list(rows.values())].tolist()
+        rows = {row: token for (row, token), ok in zip(rows.items(), allowed) if ok}
+    return rows
 
 
 def _run_chain(
@@ -69,6 +94,7 @@ def _run_chain(
     samplers: Sequence[SequenceSampler],
     allowed_mask: torch.Tensor | None,
     on_step: StepObserver | None = None,
+    forced: dict[int, int] | None = None,
 ) -> _ChainState:
     work = logits.detach().to(torch.float32, copy=True)
     if allowed_mask is not None:
@@ -78,6 +104,10 @@ def _run_chain(
         apply_logit_bias(work, biased, [samplers[row].logit_bias for row in biased])
         if on_step is not None:
             on_step("logit_bias", biased, work)
+    if forced:
+        _keep_only_forced(work, forced)
+        if on_step is not None:
+            on_step("reasoning_budget", list(forced), work)
     state = _ChainState(work, len(samplers))
     for position in range(max(len(sampler.program) for sampler in samplers)):
         for name, rows in _rows_by_step(samplers, position).items():
@@ -85,6 +115,15 @@ def _run_chain(
             if on_step is not None:
                 on_step(name, rows, work)
     return state
+
+
+def _keep_only_forced(work: torch.Tensor, forced: dict[int, int]) -> None:
+    """Each forced row keeps its token alone, at logit 0 (whatever its logit or bias was), so
+    every later sampler keeps it and the draw picks it."""
+    rows = torch.tensor(list(forced), device=work.device)
+    tokens = torch.tensor(list(forced.values()), device=work.device)
+    work[rows] = NEG_INF
+    work[rows, tokens] = 0.0
 
 
 def _rows_by_step(samplers: Sequence[SequenceSampler], position: int) -> dict[str, list[int]]:

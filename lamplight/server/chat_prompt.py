@@ -1,4 +1,5 @@
-"""A chat request's `messages` (+ tools, template kwargs) -> the prompt text, via the model's template.
+"""A chat request's `messages` (+ tools, template kwargs) -> the prompt text, via the model's template;
+and the reasoning budget that goes with that prompt.
 
 With tools, lamplight.tools decides what the template gets: the request's tools (templates that
 render them) or the generic JSON protocol spelled out in the messages (templates that do not).
@@ -9,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from lamplight.chat import ChatTemplateError
+from lamplight.chat.reasoning import plan_reasoning
+from lamplight.sampling.reasoning_budget import ReasoningBudgetSpec
 from lamplight.tools import prompt_inputs, template_tools
 
 from .constraints import chat_tool_plan
@@ -53,3 +56,25 @@ def _close_thinking(prompt: str, chat_template: Any) -> str:
     if markers is not None and prompt.rstrip().endswith(markers.start.rstrip()):
         return prompt + markers.end
     return prompt
+
+
+def reasoning_budget_spec(chat_template: Any, prompt: str, budget: int, message: str,
+                          tokenizer: Any) -> ReasoningBudgetSpec | None:
+    """The reasoning budget of a chat reply to `prompt` (lamplight.sampling.reasoning_budget), or
+    None when thinking is unlimited (-1) or the template has no thinking markers.
+
+    The markers are tokenized as llama.cpp tokenizes its thinking tags (no BOS, special tokens
+    parsed). Forced when the budget runs out: `message`, the end marker, then the answer prefix
+    of families that open the answer with one (gpt-oss's final channel). The budget counts from
+    the prompt's end when the prompt opened the thinking (the reasoning parser's rule)."""
+    markers = getattr(chat_template, "reasoning", None)
+    if budget < 0 or markers is None:
+        return None
+
+    def tokens(text: str) -> tuple[int, ...]:
+        return tuple(tokenizer.encode(text, add_special=False, parse_special=True)) if text else ()
+
+    end = tokens(markers.end)
+    opened = plan_reasoning(markers, "auto", prompt).opened
+    return ReasoningBudgetSpec(budget=budget, start=tokens(markers.start), end=end,
+                               forced=tokens(message) + end + tokens(markers.answer_prefix), opened=opened)

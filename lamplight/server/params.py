@@ -98,6 +98,9 @@ class GenerationParams:
     reasoning_format: str = "auto"  # chat: how thinking is split from the answer (lamplight.chat.reasoning)
     reasoning: Any = None  # lamplight.chat.reasoning.ReasoningPlan, set once the prompt is rendered
     answer_wrapper: Any = None  # lamplight.chat.answer_wrappers.AnswerWrapper: chat, markers around the answer
+    reasoning_budget: int = -1  # chat: tokens of thinking (-1 unlimited, 0 off): `reasoning_budget_tokens`
+    reasoning_budget_message: str = ""  # chat: forced before the end of thinking when the budget runs out
+    reasoning_budget_spec: Any = None  # lamplight.sampling.ReasoningBudgetSpec, set once the prompt is rendered
     dry_breakers: Any = None  # lamplight.sampling.dry.BreakerTable when DRY runs
 
     @property
@@ -121,6 +124,7 @@ class GenerationParams:
             t_max_predict_ms=self.t_max_predict_ms,
             settings=self.settings_echo,
             grammar=self.grammar,
+            reasoning_budget=self.reasoning_budget_spec,
             dry_breakers=self.dry_breakers,
         )
 
@@ -166,6 +170,10 @@ def parse_generation_params(body: dict, endpoint: Endpoint, settings: ServerSett
         tool_plan=constraint.tool_plan,
         dry_breakers=_dry_breakers(sampling, tokenizer),
     )
+    # llama.cpp HEAD's per-request fields; they act on chat replies of templates that think.
+    params.reasoning_budget = fields.integer("reasoning_budget_tokens", settings.reasoning_budget,
+                                             minimum=-1, maximum=INT32_MAX)
+    params.reasoning_budget_message = fields.string("reasoning_budget_message", settings.reasoning_budget_message)
     fields.integer("n_cache_reuse", 0, minimum=0)  # accepted; chunk reuse is not implemented
     if endpoint is Endpoint.CHAT:
         _chat_logprobs(fields, params, limits.max_n_probs)

@@ -48,7 +48,10 @@ class ServerSettings:
     build_info: str = BUILD_INFO
     slot_save_path: str | None = None  # `--slot-save-path`: enables POST /slots/{id}?action=...
     spm_infill: bool = False  # `--spm-infill`: /infill puts the suffix before the prefix
-    reasoning_budget: int = -1  # `--reasoning-budget`: -1 unlimited, 0 no thinking
+    # `--reasoning-budget`: tokens of thinking per chat reply (-1 unlimited, 0 thinking off); a
+    # request's `reasoning_budget_tokens` overrides it.
+    reasoning_budget: int = -1
+    reasoning_budget_message: str = ""  # `--reasoning-budget-message`: forced before the end of thinking
     webui: bool = True  # `--no-webui` turns the chat page at `/` off
     static_path: str | None = None  # `--path DIR`: serve this folder at `/` instead of the chat page
 
