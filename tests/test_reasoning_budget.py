@@ -433,3 +433,17 @@ def test_the_spec_follows_the_template_and_the_prompt(tiny):
     assert not reasoning_budget_spec(template, closed, 0, "", tok).opened
     assert reasoning_budget_spec(template, prompt, -1, "", tok) is None
     assert reasoning_budget_spec(ChatTemplate("{{ messages[0].content }}"), prompt, 4, "", tok) is None
+
+
+def test_apply_template_renders_the_prompt_a_chat_request_would_get(served):
+    import httpx
+
+    server, _, _ = served
+    url = f"{server.url}/apply-template"
+    messages = [{"role": "user", "content": "hello"}]
+    budgeted = httpx.post(url, json={"messages": messages}, timeout=60).json()["prompt"]
+    assert budgeted.endswith("<think>\n")  # a budget of N > 0 leaves the thinking open
+    off = httpx.post(url, json={"messages": messages, "reasoning_budget_tokens": 0}, timeout=60).json()["prompt"]
+    assert off.startswith(budgeted) and off != budgeted  # 0: the open block is closed
+    bad = httpx.post(url, json={"messages": messages, "reasoning_budget_tokens": -2}, timeout=60)
+    assert bad.status_code == 400 and "reasoning_budget_tokens" in bad.json()["error"]["message"]

@@ -97,6 +97,9 @@ async def apply_template(request: Request) -> Response:
     body = await read_json_object(request)
     state = server_state(request)
     state.require_ready()
-    prompt = await run_in_threadpool(functools.partial(render_chat_prompt, for_generation=False),
+    # As for a chat request: a budget of 0 (the flag's or the request's) renders thinking off.
+    budget = Fields(body).integer("reasoning_budget_tokens", state.settings.reasoning_budget, minimum=-1)
+    prompt = await run_in_threadpool(functools.partial(render_chat_prompt, for_generation=False,
+                                                       reasoning_budget=budget),
                                     body, state.model.chat_template)
     return json_response({"prompt": prompt})
