@@ -15,6 +15,8 @@ from lamplight.chat import (
     normalize_messages,
     resolve_chat_template,
 )
+from lamplight.chat.messages import adapt_to_template
+from lamplight.chat.prefill import ThinkingSection
 from conftest import load_jsonl
 
 CONVERSATION = [
@@ -74,6 +76,86 @@ def test_prefill_rejects_two_trailing_assistant_messages(smollm2):
                 {"role": "assistant", "content": "b"}]
     with pytest.raises(ChatTemplateError, match="2 or more assistant"):
         smollm2.render(messages)
+
+
+# --- assistant prefill of thinking templates: the reply's thinking section (lamplight.chat.prefill)
+
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.role == 'assistant' and m.reasoning_content %}<think>\n{{ m.reasoning_content }}\n</think>\n\n{% endif %}"
+    "{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking %}<think>\n{% endif %}{% endif %}"
+)
+ASKED = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def thinking_reply(**reply) -> list[dict]:
+    return [{"role": "user", "content": "Hi"}, {"role": "assistant", **reply}]
+
+
+def test_thinking_markers_are_found_by_rendering_reasoning():
+    # with the whitespace the template writes around the reasoning, as llama.cpp's analysis keeps it
+    assert ChatTemplate(THINKING_TEMPLATE).thinking_section == ThinkingSection("<think>\n", "\n</think>\n\n")
+
+
+def test_prefill_closes_an_empty_thinking_block_before_the_content():
+    template = ChatTemplate(THINKING_TEMPLATE)
+    expected = ASKED + "<think>\n\n</think>\n\nSure"
+    # the generation prompt opens the thinking: cut there, then the template's own markers
+    assert template.render(thinking_reply(content="Sure")) == expected
+    # it does not (thinking disabled): the same reply
+    assert template.render(thinking_reply(content="Sure"), extra={"enable_thinking": False}) == expected
+
+
+def test_prefill_keeps_the_reasoning_of_the_reply():
+    template = ChatTemplate(THINKING_TEMPLATE)
+    both = thinking_reply(content="Sure", reasoning_content="Easy.")
+    assert template.render(both) == ASKED + "<think>\nEasy.\n</think>\n\nSure"
+    # reasoning alone: the thinking goes on (llama.cpp's continue_final_message "auto")
+    assert template.render(thinking_reply(content="", reasoning_content="Hmm")) == ASKED + "<think>\nHmm"
+
+
+def test_a_reply_without_thinking_can_have_its_own_opening():
+    deepseek_v4 = ThinkingSection("<think>", "</think>", bare="</think>")
+    assert deepseek_v4.continue_reply("<｜Assistant｜><think>", "", "Hi") == "<｜Assistant｜></think>Hi"
+    assert deepseek_v4.continue_reply("<｜Assistant｜><think>", "R", "Hi") == "<｜Assistant｜><think>R</think>Hi"
+    assert ThinkingSection().continue_reply("<|assistant|>\n", "ignored", "Hi") == "<|assistant|>\nHi"
+
+
+def test_add_generation_prompt_is_undefined_rather_than_false():
+    template = ChatTemplate("{{ add_generation_prompt is defined }}")
+    messages = [{"role": "user", "content": "Hi"}]
+    assert template.render(messages, add_generation_prompt=False) == "False"
+    assert template.render(messages) == "True"
+
+
+MINISTRAL_3_MARKERS = "[SYSTEM_PROMPT] [TOOL_CALLS] [ARGS]"
+
+
+def test_ministral_3_gets_reasoning_as_a_typed_thinking_block():
+    messages = normalize_messages([{"role": "system", "content": "S"}, {"role": "user", "content": "Q"},
+                                   {"role": "assistant", "content": "4", "reasoning_content": "2+2"}])
+    system, user, assistant = adapt_to_template(messages, MINISTRAL_3_MARKERS)
+    assert system == {"role": "system", "content": [{"type": "text", "text": "S"}]}
+    assert user == messages[1]
+    assert assistant == {"role": "assistant", "content": [{"type": "thinking", "thinking": "2+2"},
+                                                          {"type": "text", "text": "4"}]}
+    assert adapt_to_template(messages, MINISTRAL_3_MARKERS + " [CALL_ID]") == messages  # Mistral Small 3.2
+
+
+def test_older_gemma_4_templates_get_tool_results_inside_the_calling_turn():
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+    messages = normalize_messages([
+        {"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"temp": 3}'}, {"role": "assistant", "content": "3 C"},
+        {"role": "user", "content": "Thanks"}])
+    gemma_4 = "'<|tool_call>call:'"
+    assert adapt_to_template(messages, gemma_4) == [
+        messages[0],
+        {"role": "assistant", "tool_calls": messages[1]["tool_calls"],
+         "tool_responses": [{"name": "get_weather", "response": {"temp": 3}}], "content": "3 C"},
+        messages[4]]
+    assert adapt_to_template(messages, gemma_4 + "{#- OpenAI Chat Completions:") == messages
 
 
 # --- built-in formats (expected strings written from the formats' definitions) -----------------

@@ -173,3 +173,71 @@ def _with_text_arguments(message: dict) -> dict:
 
 def _arguments_text(arguments: Any) -> Any:
     return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
+def adapt_to_template(messages: list[dict], source: str) -> list[dict]:
+    """The message shapes two template families expect instead of OpenAI's, recognised by their
+    source as llama.cpp's chat format detection does (common/chat.cpp):
+    - Ministral 3 (`[SYSTEM_PROMPT]`, `[TOOL_CALLS]`, `[ARGS]`, no `[CALL_ID]`; Magistral,
+      Devstral): system and assistant content as typed blocks, reasoning first as a `thinking`
+      block, then the content as a `text` block;
+    - Gemma 4 templates older than the one with an OpenAI Chat Completions section: tool results
+      inside the assistant turn that called the tools, as its `tool_responses`."""
+    if all(marker in source for marker in ("[SYSTEM_PROMPT]", "[TOOL_CALLS]", "[ARGS]")) and "[CALL_ID]" not in source:
+        return [_with_typed_blocks(message) for message in messages]
+    if "'<|tool_call>call:'" in source and "{#- OpenAI Chat Completions:" not in source:
+        return _with_tool_responses(messages)
+    return messages
+
+
+def _with_typed_blocks(message: dict) -> dict:
+    if message["role"] not in ("system", "assistant"):
+        return message
+    blocks: list[dict] = []
+    if "reasoning_content" in message:
+        blocks.append({"type": "thinking", "thinking": message["reasoning_content"]})
+    content = message["content"]
+    blocks.extend(content if isinstance(content, list) else [{"type": "text", "text": content or ""}])
+    typed = {key: value for key, value in message.items() if key not in ("reasoning_content", "thinking")}
+    typed["content"] = blocks
+    return typed
+
+
+def _with_tool_responses(messages: list[dict]) -> list[dict]:
+    """assistant(tool calls), tool results[, assistant(answer)] -> one assistant turn holding the
+    calls, the results (`{name, response}`, the response parsed as JSON where it is JSON) and the
+    answer."""
+    turns: list[dict] = []
+    at = 0
+    while at < len(messages):
+        message = messages[at]
+        at += 1
+        if message["role"] != "assistant" or not message.get("tool_calls"):
+            turns.append(message)
+            continue
+        calls = message["tool_calls"]
+        responses = []
+        while at < len(messages) and messages[at]["role"] == "tool":
+            responses.append(_tool_response(messages[at], calls, len(responses)))
+            at += 1
+        turn = {"role": "assistant", "tool_calls": calls}
+        if responses:
+            turn["tool_responses"] = responses
+        if at < len(messages) and messages[at]["role"] == "assistant" and not messages[at].get("tool_calls") \
+                and messages[at]["content"]:
+            turn["content"] = messages[at]["content"]
+            at += 1
+        if "reasoning_content" in message:
+            turn["reasoning_content"] = message["reasoning_content"]
+        turns.append(turn)
+    return turns
+
+
+def _tool_response(message: dict, calls: list[dict], index: int) -> dict:
+    content = message["content"]
+    try:
+        response = json.loads(content) if isinstance(content, str) else content
+    except ValueError:
+        response = content
+    name = calls[index]["function"]["name"] if index < len(calls) else ""
+    return {"name": name or message.get("tool_call_id", ""), "response": response}

@@ -13,9 +13,11 @@ cannot shadow the variables above.
 llama.cpp behaviours reproduced on top of plain Jinja:
 - a leading bos_token is cut from the output when the vocabulary adds BOS itself (`add_bos`),
   and a trailing eos_token when it adds EOS (`add_eos`), so the tokenizer does not double them;
+- `add_generation_prompt` is left undefined rather than false when there is no generation prompt;
+- message shapes some templates expect instead of OpenAI's (lamplight.chat.messages.adapt_to_template);
 - assistant prefill: when the last message is an assistant one, llama-server renders the other
-  messages with the generation prompt and appends that message's content verbatim, so the prompt
-  ends right after the content with no end-of-turn marker.
+  messages, then the generation prompt, the reply's thinking section and its content, so the
+  prompt ends inside the reply with no end-of-turn marker (lamplight.chat.prefill).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import re
 from collections.abc import Iterator
 from datetime import datetime
+from functools import cached_property
 from typing import Any, NoReturn
 
 from jinja2 import TemplateError, Undefined, nodes
@@ -32,7 +35,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from lamplight.chat.errors import ChatTemplateError
 from lamplight.chat.caps import probe_caps
-from lamplight.chat.messages import adapt_to_caps, normalize_messages
+from lamplight.chat.messages import adapt_to_caps, adapt_to_template, normalize_messages
+from lamplight.chat.prefill import ThinkingSection, thinking_section
 from lamplight.chat.answer_wrappers import detect_answer_wrapper
 from lamplight.chat.reasoning_markers import detect_reasoning_markers
 
@@ -152,46 +156,36 @@ class ChatTemplate:
         messages = adapt_to_caps(normalize_messages(messages), self.caps)
         if prefill_assistant and messages[-1]["role"] == "assistant":
             return self._render_prefill(messages, tools, extra)
-        return self._render(messages, add_generation_prompt, tools, extra)
+        return self._render(adapt_to_template(messages, self.source), add_generation_prompt, tools, extra)
 
     def _render_prefill(self, messages: list[dict], tools: list[dict] | None, extra: dict | None) -> str:
-        history, unfinished = messages[:-1], messages[-1]
+        history, reply = messages[:-1], messages[-1]
         if history and history[-1]["role"] == "assistant":
             raise ChatTemplateError("Cannot have 2 or more assistant messages at the end of the list.")
-        content = unfinished["content"] or ""
-        prompt = self._generation_prompt(history, tools, extra)
-        if self.reasoning is None:
-            return prompt + content
-        # A thinking template continues the answer, not the thinking: an empty thinking block
-        # comes first, as the template itself renders one, else as start+end markers.
-        own = self._own_empty_thinking(history, unfinished, tools, extra)
-        if own is not None:
-            return own
-        return _without_open_thinking(prompt, self.reasoning.start) + self.reasoning.empty_block + content
-
-    def _generation_prompt(self, history: list[dict], tools: list[dict] | None, extra: dict | None) -> str:
-        """The history without the generation prompt, then what the generation prompt adds after
-        the longest common prefix: llama.cpp's way, which differs from rendering with the
-        generation prompt only where a template ends a conversation differently (Phi-3.5's eos)."""
+        history = adapt_to_template(history, self.source)
+        # llama.cpp's way: the history without the generation prompt, then what the generation
+        # prompt adds after the longest common prefix (which differs from rendering with the
+        # generation prompt only where a template ends a conversation differently: Phi-3.5's eos).
         closed = self._render(history, False, tools, extra)
         opened = self._render(history, True, tools, extra)
-        return closed + opened[_common_prefix_length(closed, opened):]
+        generation_prompt = opened[_common_prefix_length(closed, opened):]
+        reply_so_far = self.thinking_section.continue_reply(
+            generation_prompt, reply.get("reasoning_content") or "", reply["content"] or "")
+        return closed + reply_so_far
 
-    def _own_empty_thinking(self, history: list[dict], unfinished: dict, tools: list[dict] | None,
-                            extra: dict | None) -> str | None:
-        """The template's rendering of the final message with empty thinking, cut after its content,
-        when that rendering has the thinking markers before the content (Qwen3, gpt-oss)."""
-        content = unfinished["content"] or ""
+    @cached_property
+    def thinking_section(self) -> ThinkingSection:
+        """The thinking section a continued reply gets (lamplight.chat.prefill)."""
+        return thinking_section(self.source, self._probe, self.caps.supports_tool_calls)
+
+    def _probe(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None,
+               extra: dict | None) -> str | None:
+        """A rendering for the template analysis, or None where the template fails on it."""
         try:
-            full = self._render(history + [{**unfinished, "reasoning_content": "", "thinking": ""}], False, tools, extra)
-        except ChatTemplateError:
+            return self._render(adapt_to_caps(normalize_messages(messages), self.caps), add_generation_prompt,
+                                tools, extra)
+        except (ChatTemplateError, RecursionError):
             return None
-        start = self._render(history, False, tools, extra)
-        end = full.rfind(content)
-        head = full[_common_prefix_length(start, full):end]
-        if end < 0 or not content or self.reasoning.start not in head or self.reasoning.end not in head:
-            return None
-        return full[:end + len(content)]
 
     def _render(self, messages: list[dict], add_generation_prompt: bool,
                 tools: list[dict] | None, extra: dict | None) -> str:
@@ -220,6 +214,8 @@ class ChatTemplate:
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
         }
+        if not add_generation_prompt:  # llama.cpp defines it only when true (RWKV World's default is true)
+            del context["add_generation_prompt"]
         if tools:  # left undefined otherwise, as llama.cpp does (Hermes iterates `tools` if defined)
             context["tools"] = tools
         return context
@@ -239,12 +235,6 @@ def _common_prefix_length(a: str, b: str) -> int:
             break
         length += 1
     return length
-
-
-def _without_open_thinking(prompt: str, start: str) -> str:
-    """A generation prompt that opens thinking (`<think>\\n`) loses that opening: the prefill closes it."""
-    trimmed = prompt.rstrip()
-    return trimmed[:-len(start)] if trimmed.endswith(start) else prompt
 
 
 def _compile(source: str, name: str):
