@@ -132,8 +132,11 @@ def test_grammars(tiny, fmt):
     ("CohereForAI-c4ai-command-r-plus-tool_use.jinja", "command-r-plus"),
     ("openai-gpt-oss-120b.jinja", "gpt-oss"),
     ("ibm-granite-granite-4.0.jinja", "hermes"),  # Granite 4 writes <tool_call> blocks
-    # The V3.1 template does not render `tools`: the generic protocol (lamplight's rule for such templates).
-    ("deepseek-ai-DeepSeek-V3.1.jinja", "generic"),
+    # These do not render `tools`; llama.cpp checks the DeepSeek markers first all the same
+    # (tests/test_tool_detection.py).
+    ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-v3.1"),
+    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "deepseek-r1"),
+    ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", "deepseek-r1"),
 ])
 def test_detected_from_the_real_templates(template, name):
     with open(TEMPLATES + template, encoding="utf-8") as handle:
@@ -151,6 +154,7 @@ def test_deepseek_v31_detection_by_its_source():
     ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", True, True),
     ("meta-llama-Llama-3.1-8B-Instruct.jinja", True, False),  # raises on a second call
     ("google-gemma-2-2b-it.jinja", False, False),
+    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", True, True),  # the rest: tests/test_template_caps.py
 ])
 def test_template_caps_for_props(template, tool_calls, parallel):
     from lamplight.server.routes_misc import _template_caps

@@ -15,6 +15,10 @@ markers first (`<think:opensource>` before `<think>`).
 | gpt-oss (harmony)                        | `<\\|channel\\|>analysis<\\|message\\|>` | `<\\|end\\|>` (then the final channel) |
 | Command R7B                              | `<\\|START_THINKING\\|>` | `<\\|END_THINKING\\|>` |
 | DeepSeek R1/V3.x, Qwen3, QwQ, GLM, Kimi, MiniMax M2, Nemotron, SmolLM3, ... | `<think>` | `</think>` |
+
+Markers are text here; in a vocabulary some are control tokens, whole (`<channel|>`,
+`<|START_THINKING|>`) or in part: Gemma 4's start is the control token `<|channel>` followed by
+the text `thought`. Grammars spell them as the model writes them (lamplight.server.answer_grammar).
 """
 
 from __future__ import annotations

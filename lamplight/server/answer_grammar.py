@@ -10,6 +10,10 @@ becomes `@answer` after a free thinking block:
     start: thought @answer                       (the prompt opened it: it must be closed)
     thought: TEXT up to the first END, then optional whitespace
 
+Markers are matched as the model writes them: a marker that is one control token of the
+vocabulary as that token, an opening that mixes a control token and text (Gemma 4's
+`<|channel>thought`) as the token then the text (tools.grammar_text.mixed_marker_lark).
+
 The text before END is a lazy lexeme (it ends at the first END, even inside a larger token),
 the same device as the lazy tool-call triggers (lamplight/tools/README.md), so the engine is
 unchanged. Only when the reply's thinking is split out (`reasoning_format` other than `none`,
@@ -22,10 +26,10 @@ from typing import Any, Callable
 
 from lamplight.chat.reasoning import ReasoningPlan
 from lamplight.grammar import CompiledGrammar, GrammarCompiler
-from lamplight.tools.grammar_text import ANY_TEXT, marker_lark, text_then
+from lamplight.tools.grammar_text import ANY_TEXT, marker_lark, mixed_marker_lark, text_then
 
 # Between the end of the thinking and the answer (llama.cpp's parsers allow space there too).
-_SPACE = r"SPACE: /[ \t\r\n]+/"
+_SPACE = r"SPACE: /[ \t\r\n]{1,20}/"  # at most 20, as llama.cpp's rule: a model cannot loop on whitespace
 _OWN_THINKING_GRAMMARS = ("harmony",)
 
 
@@ -45,6 +49,7 @@ def thinking_lead(reasoning: ReasoningPlan, tokenizer: Any) -> str:
     if reasoning.opened:
         start = f"start: {thought} SPACE? @answer"
     else:
-        opening = marker_lark(tokenizer, reasoning.markers.start)[0]
+        # A start marker may be a control token plus text (Gemma 4's `<|channel>thought`).
+        opening = mixed_marker_lark(tokenizer, reasoning.markers.start)
         start = f"start: SPACE? {opening} {thought} SPACE? @answer | @answer"
     return "\n".join(["%llguidance {}", start, *rules, ANY_TEXT, _SPACE]) + "\n"

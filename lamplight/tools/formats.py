@@ -1,7 +1,7 @@
 """Tool-call formats: how calls look in a model's output, the grammar that makes them valid, and
 the parser that reads them back (on the final text, and on every streamed prefix).
 
-Formats (chosen from the chat template's source, see detect.py):
+Formats (chosen from the chat template's source, see plan.py's detect_format):
 - generic: the whole reply is JSON, `{"tool_call": {"name", "arguments"}}`, `{"tool_calls": [...]}`
   (parallel) or `{"response": "<text>"}` (tool_choice auto). See generic.py for the prompt side.
 - hermes (Hermes 2 Pro, Qwen 2.5/3): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`,

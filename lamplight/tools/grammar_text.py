@@ -55,6 +55,32 @@ def marker_lark(tokenizer: Any, marker: str) -> tuple[str, bool]:
     return lark_literal(marker), False
 
 
+def mixed_marker_lark(tokenizer: Any, marker: str) -> str:
+    """A marker that may mix control tokens and text, as a sequence: each control token of the
+    vocabulary as `<[id]>`, the text around them as string literals (Gemma 4's `<|channel>thought`
+    is the token `<|channel>` then the text `thought`; as one literal it could never match, since
+    llguidance never matches a control token with text). For a grammar rule, not inside a lazy
+    lexeme (a lexeme holds text only)."""
+    whole, is_token = marker_lark(tokenizer, marker)
+    if is_token or tokenizer is None:
+        return whole
+    pieces: list[str] = []
+    rest = marker
+    for token in tokenizer.encode(marker, add_special=False, parse_special=True):
+        if not tokenizer.is_control(token):
+            continue
+        at = rest.find(tokenizer.piece(token))
+        if at < 0:  # not spelled as its piece: leave the marker as text
+            return whole
+        if at:
+            pieces.append(lark_literal(rest[:at]))
+        pieces.append(f"<[{token}]>")
+        rest = rest[at + len(tokenizer.piece(token)):]
+    if rest:
+        pieces.append(lark_literal(rest))
+    return " ".join(pieces)
+
+
 def markers_lark(tokenizer: Any, *pieces: str) -> str:
     """Pieces of a marker in sequence, each spelled as marker_lark does (empty pieces skipped)."""
     return " ".join(marker_lark(tokenizer, piece)[0] for piece in pieces if piece)

@@ -3,9 +3,9 @@ and the parser for the answer.
 
 Format detection follows llama.cpp's template-substring checks (semantics doc 5.2), in its
 order, for the formats implemented here:
-    template does not use `tools`                          -> generic
     `message['prefix']` and `thinking`                     -> deepseek-v3.1
     `<｜tool▁calls▁begin｜>`                                 -> deepseek-r1
+    template does not use `tools`                          -> generic
     `<|END_THINKING|><|START_ACTION|>`                     -> command-r7b
     `elif thinking` and `<|tool_call|>`                    -> granite (3.x)
     `<tool_call>`                                          -> hermes (Hermes 2 Pro, Qwen 2.5/3)
@@ -15,6 +15,12 @@ order, for the formats implemented here:
     `Action:` and `"tool_name"`                            -> command-r-plus (not in llama.cpp's
                                                               hand-written list: it gives Generic)
     anything else                                          -> generic (the template still gets `tools`)
+
+The DeepSeek checks come before the `tools` one, as in llama.cpp, whose DeepSeek handlers take
+a template with those markers "in all cases": the real DeepSeek R1 distill and V3.1 templates
+render tool calls in the native format but never the tool list. Their prompts get the tool list
+as the system text llama.cpp's template engine added for such templates (polyfill.py), and the
+conversation untouched (the template renders past calls and results itself).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Any
 
 from lamplight.chat import normalize_messages
 
-from . import generic
+from . import generic, polyfill
 from .formats import (
     CommandR7BFormat,
     CommandRPlusFormat,
@@ -49,12 +55,14 @@ LLAMA3_IPYTHON = "<|start_header_id|>ipython<|end_header_id|>"
 def detect_format(template: Any) -> ToolFormat:
     """The tool-call format of a ChatTemplate (None: no template, i.e. generic)."""
     source = getattr(template, "source", "") or ""
-    if template is None or not getattr(template, "supports_tools", False):
+    if template is None:
         return GenericFormat()
     if "message['prefix']" in source and "thinking" in source:
         return DeepSeekV31Format()
     if DeepSeekR1Format.BLOCK_OPEN in source:
         return DeepSeekR1Format()
+    if not getattr(template, "supports_tools", False):
+        return GenericFormat()
     if "<|END_THINKING|><|START_ACTION|>" in source:
         return CommandR7BFormat()
     if "elif thinking" in source and GraniteFormat.MARKER in source:
@@ -134,11 +142,17 @@ def prompt_inputs(messages: Any, template: Any, plan: ToolPlan | None) -> tuple[
     """-> (messages, tools) to render the template with.
 
     Templates that render tools get the request's tools (also with tool_choice "none", as
-    llama-server does) and the conversation untouched. Otherwise the generic protocol is spelled
-    out in the messages (generic.py)."""
+    llama-server does) and the conversation untouched. Templates with a native format that do
+    not render tools (DeepSeek R1 distills, V3.1) get the tool list as a system text
+    (polyfill.py) and the conversation untouched. Otherwise the generic protocol is spelled out
+    in the messages (generic.py)."""
     supports_tools = bool(getattr(template, "supports_tools", False))
+    native = not (plan.format if plan is not None else detect_format(template)).generic
     if plan is not None and plan.active and plan.format.generic:
         messages = generic.protocol_messages(normalize_messages(messages), plan)
+    elif native and not supports_tools:
+        if plan is not None:
+            messages = polyfill.with_tools_text(normalize_messages(messages), plan, template)
     elif not supports_tools:
         normalized = normalize_messages(messages)
         if generic.has_tool_turns(normalized):
