@@ -323,7 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "handler", None) is None:
         parser.print_help()
         return 2
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except KeyboardInterrupt:  # Ctrl-C outside the places that handle it (a model alias's download...)
+        print("\nlamplight: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

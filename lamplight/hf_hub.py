@@ -1,16 +1,15 @@
 """Models by name from the Hugging Face Hub: `-hf user/repo[:QUANT]`, as llama-server takes them.
 
 The GGUF for the quantization is chosen as llama.cpp chooses it (default Q4_K_M, else the first
-GGUF of the repository), downloaded with huggingface_hub into its own cache (resumable, size
-checked by huggingface_hub), and its sha256 checked against the one the Hub reports for LFS
-files. A split GGUF (`-00001-of-00003.gguf`) is downloaded whole (GGUFFile loads its parts). With `HF_HUB_OFFLINE=1` (or
-when the Hub cannot be reached) the files come from the cache. Every failure is a
-ModelSourceError with a message for people, never a traceback.
+GGUF of the repository), downloaded into huggingface_hub's cache (by lamplight.hf_download, which
+resumes a download cut off in an earlier run), and its size and sha256 checked against the ones the
+Hub reports for LFS files. A split GGUF (`-00001-of-00003.gguf`) is downloaded whole (GGUFFile loads
+its parts). With `HF_HUB_OFFLINE=1` (or when the Hub cannot be reached) the files come from the
+cache. Every failure is a ModelSourceError with a message for people, never a traceback.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -128,7 +127,9 @@ def _cached_files(repo: str, why: str) -> list[HubFile]:
 
 
 def _download(repo: str, file: HubFile, token: str | None, say: Callable[[str], None]) -> Path:
-    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+    from huggingface_hub import try_to_load_from_cache
+
+    from lamplight.hf_download import download
 
     cached = try_to_load_from_cache(repo, file.name)
     if isinstance(cached, str) and (file.size is None or os.path.getsize(cached) == file.size):
@@ -136,36 +137,18 @@ def _download(repo: str, file: HubFile, token: str | None, say: Callable[[str], 
     size = f" ({file.size / 2**20:.1f} MiB)" if file.size else ""
     say(f"downloading {repo}/{file.name}{size}")
     try:
-        path = Path(hf_hub_download(repo, file.name, token=token))
+        return download(repo, file.name, token, file.size, file.sha256, say)
+    except ModelSourceError:
+        raise
+    except KeyboardInterrupt:
+        raise ModelSourceError(f"download of {repo}/{file.name} interrupted; run again to resume") from None
     except Exception as exc:  # noqa: BLE001 - turned into a message below
         if _is_network_error(exc):
+            kept = getattr(exc, "kept_bytes", 0)
+            kept = f"{kept / 2**20:.1f} MiB kept; " if kept else ""
             raise ModelSourceError(f"cannot download {repo}/{file.name}: network error ({_short(exc)}); "
-                                   "run again to resume") from None
+                                   f"{kept}run again to resume") from None
         raise ModelSourceError(_hub_error_message(exc, repo, token)) from None
-    _verify(path, file)
-    return path
-
-
-def _verify(path: Path, file: HubFile) -> None:
-    if file.size is not None and path.stat().st_size != file.size:
-        _discard(path)
-        raise ModelSourceError(f"{file.name}: size {path.stat().st_size} is not the {file.size} the Hub reports")
-    if file.sha256:
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-        if digest.hexdigest() != file.sha256:
-            _discard(path)
-            raise ModelSourceError(f"{file.name} is corrupt: sha256 {digest.hexdigest()} is not the "
-                                   f"{file.sha256} the Hub reports (removed; run again to download it anew)")
-
-
-def _discard(path: Path) -> None:
-    # The cache holds a symlink to a blob: remove both, so the next run downloads again.
-    target = path.resolve()
-    path.unlink(missing_ok=True)
-    target.unlink(missing_ok=True)
 
 
 def _is_network_error(exc: BaseException) -> bool:
@@ -173,7 +156,7 @@ def _is_network_error(exc: BaseException) -> bool:
 
     from huggingface_hub.errors import HfHubHTTPError
 
-    if isinstance(exc, HfHubHTTPError):
+    if isinstance(exc, (HfHubHTTPError, httpx.HTTPStatusError)):
         status = exc.response.status_code if exc.response is not None else None
         return status is None or status >= 500
     network_types: tuple[type, ...] = (httpx.TransportError, ConnectionError, TimeoutError)

@@ -1,7 +1,8 @@
 """A local stand-in for the part of the Hugging Face Hub's HTTP API that huggingface_hub uses to
 find and download files (point HF_ENDPOINT at it): model info with file sizes and LFS sha256s,
 HEAD/GET of `resolve/` URLs with ETags, commits and byte ranges, and the Hub's error headers
-(`X-Error-Code`) for a missing repo, a missing file and a gated repo."""
+(`X-Error-Code`) for a missing repo, a missing file and a gated repo. It can also misbehave: cut
+transfers off, stall one mid-way (for Ctrl-C), ignore Range requests, serve corrupt bytes."""
 
 from __future__ import annotations
 
@@ -21,13 +22,17 @@ class FakeRepo:
     files: dict[str, bytes]
     gated_token: str | None = None  # set: only `Authorization: Bearer <token>` gets in
     corrupt: set[str] = field(default_factory=set)  # served bytes differ from the reported sha256
-    drop_after: dict[str, int] = field(default_factory=dict)  # first GET closes after N bytes
+    # GETs of a file, in turn, send at most these many body bytes and drop the connection; then whole
+    cut_after: dict[str, list[int]] = field(default_factory=dict)
+    hold_after: dict[str, int] = field(default_factory=dict)  # first GET stalls after N bytes until hub.release
+    ignore_range: bool = False  # answer Range requests with 200 and the whole file
 
 
 class FakeHub:
     def __init__(self, repos: dict[str, FakeRepo]):
         self.repos = repos
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
+        self.release = threading.Event()  # lets a stalled transfer (hold_after) go on
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -49,6 +54,7 @@ class FakeHub:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.release.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -74,11 +80,16 @@ class FakeHub:
         data = repo.files[name]
         sha = hashlib.sha256(data).hexdigest()
         served = bytes(reversed(data)) if name in repo.corrupt else data
-        start = 0
         match = re.fullmatch(r"bytes=(\d+)-", handler.headers.get("Range") or "")
-        if match:
-            start = int(match.group(1))
-        handler.send_response(206 if start else 200)
+        ranged = bool(match) and not repo.ignore_range
+        start = int(match.group(1)) if ranged else 0
+        if start and start >= len(served):
+            handler.send_response(416)
+            handler.send_header("Content-Range", f"bytes */{len(served)}")
+            handler.send_header("Content-Length", "0")
+            handler.end_headers()
+            return
+        handler.send_response(206 if ranged else 200)
         handler.send_header("Content-Type", "application/octet-stream")
         handler.send_header("Content-Length", str(len(served) - start))
         handler.send_header("ETag", f'"{sha}"')
@@ -86,19 +97,23 @@ class FakeHub:
         handler.send_header("X-Linked-Size", str(len(data)))
         handler.send_header("X-Repo-Commit", COMMIT)
         handler.send_header("Accept-Ranges", "bytes")
-        if start:
+        if ranged:
             handler.send_header("Content-Range", f"bytes {start}-{len(served) - 1}/{len(served)}")
         handler.end_headers()
         if not body:
             return
-        cut = repo.drop_after.pop(name, None)
-        if cut is not None:  # an interrupted transfer: part of the body, then the connection drops
-            handler.wfile.write(served[start:start + cut])
-            handler.wfile.flush()
-            handler.close_connection = True
-            handler.connection.shutdown(2)
+        cuts = repo.cut_after.get(name)
+        hold = None if cuts else repo.hold_after.pop(name, None)
+        cut = cuts.pop(0) if cuts else hold
+        if cut is None:
+            handler.wfile.write(served[start:])
             return
-        handler.wfile.write(served[start:])
+        handler.wfile.write(served[start:start + cut])  # part of the body, then (a stall and) a dropped connection
+        handler.wfile.flush()
+        if hold is not None:
+            self.release.wait(timeout=60)
+        handler.close_connection = True
+        handler.connection.shutdown(2)
 
 
 def _model_info(repo_id: str, repo: FakeRepo) -> dict:

@@ -1,11 +1,13 @@
 """`-hf USER/REPO[:QUANT]`, `lamplight pull USER/REPO[:QUANT]` and `lamplight models` against a
 local stand-in for the Hugging Face Hub (tests/fake_hub.py, via HF_ENDPOINT) serving tiny GGUFs:
-quant choice, split files, resume, hash check, offline use of the cache, and a plain message
-with a non-zero exit for each failure."""
+quant choice, split files, resume (within a run and across runs), hash check, offline use of the
+cache, and a plain message with a non-zero exit for each failure."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -15,10 +17,12 @@ import pytest
 from fake_hub import FakeHub, FakeRepo
 from tiny_gguf import write_tiny_llama
 
+from lamplight.hf_download import RETRIES
 from lamplight.hf_hub import HubFile, available_quants, choose_gguf, parse_hf_spec
 from lamplight.sources import ModelSourceError
 
 REPO = "tester/Tiny-GGUF"
+BIG, BIG_FILE = "tester/Big-GGUF", "big-Q4_K_M.gguf"
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +46,18 @@ def hub(tiny_bytes):
 
 
 def lamplight(args: list[str], hub_url: str, home, offline: bool = False, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lamplight.cli", *args], env=_env(hub_url, home, offline),
+                          capture_output=True, text=True, timeout=120, **kwargs)
+
+
+def _env(hub_url: str, home, offline: bool = False) -> dict[str, str]:
     env = {**os.environ, "HF_ENDPOINT": hub_url, "HF_HOME": str(home), "HF_HUB_DISABLE_TELEMETRY": "1",
            "HF_HUB_DISABLE_XET": "1", "LAMPLIGHT_CACHE": str(home / "lamplight")}
     env.pop("HF_TOKEN", None)
     env.pop("HF_HUB_OFFLINE", None)
     if offline:
         env["HF_HUB_OFFLINE"] = "1"
-    return subprocess.run([sys.executable, "-m", "lamplight.cli", *args], env=env, capture_output=True,
-                          text=True, timeout=120, **kwargs)
+    return env
 
 
 def test_quant_choice_follows_llama_cpp():
@@ -98,16 +106,102 @@ def test_split_gguf_is_downloaded_whole(hub, tmp_path, tiny_bytes):
 
 
 def test_an_interrupted_download_resumes_where_it_stopped(tmp_path):
-    # Past huggingface_hub's 10 MiB write chunk, a dropped connection is resumed with a Range
-    # request for the rest. (huggingface_hub 2.x starts a new process's download afresh.)
-    big = os.urandom(11 * 2**20)
-    repo = FakeRepo({"big-Q4_K_M.gguf": big}, drop_after={"big-Q4_K_M.gguf": 10 * 2**20 + 12345})
-    with FakeHub({"tester/Big-GGUF": repo}) as hub:
-        pulled = lamplight(["pull", "tester/Big-GGUF"], hub.url, tmp_path)
+    # A dropped connection is resumed within the run, with a Range request for the rest: every byte
+    # received before the drop is kept.
+    big = os.urandom(3 * 2**20)
+    cut = 2**20 + 12345
+    with FakeHub({BIG: FakeRepo({BIG_FILE: big}, cut_after={BIG_FILE: [cut]})}) as hub:
+        pulled = lamplight(["pull", BIG], hub.url, tmp_path)
     assert pulled.returncode == 0, pulled.stderr
     assert open(pulled.stdout.strip(), "rb").read() == big
-    ranges = [r for method, path, r in hub.requests if method == "GET" and path.endswith(".gguf")]
-    assert ranges == [None, f"bytes={10 * 2**20}-"]  # the second request asked only for the rest
+    assert _gets(hub) == [None, f"bytes={cut}-"]  # the second request asked only for the rest
+
+
+def test_a_download_cut_off_in_one_run_resumes_in_the_next(tmp_path):
+    from huggingface_hub import hf_hub_download
+
+    big = os.urandom(3 * 2**20)
+    cut = 2**20 + 4321
+    # The connection drops after `cut` bytes and this run's retries get nothing more: the run gives up.
+    repo = FakeRepo({BIG_FILE: big}, cut_after={BIG_FILE: [cut] + [0] * RETRIES})
+    with FakeHub({BIG: repo}) as hub:
+        first = lamplight(["pull", BIG], hub.url, tmp_path)
+        assert first.returncode == 1 and "Traceback" not in first.stderr, first.stderr
+        assert f"cannot download {BIG}/{BIG_FILE}: network error" in first.stderr
+        assert "1.0 MiB kept; run again to resume" in first.stderr
+        partial = _partial(tmp_path, big)
+        kept = partial.stat().st_size
+        assert kept == cut and partial.read_bytes() == big[:kept]
+        hub.requests.clear()
+        second = lamplight(["pull", BIG], hub.url, tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert f"resuming {BIG_FILE} at 1.0 of 3.0 MiB" in second.stderr
+    assert _gets(hub) == [f"bytes={kept}-"]  # only the rest, in one request
+    path = second.stdout.strip()
+    assert hashlib.sha256(open(path, "rb").read()).hexdigest() == hashlib.sha256(big).hexdigest()
+    assert not partial.exists()
+    # laid out as huggingface_hub lays out its own downloads: it finds the file without the network
+    assert hf_hub_download(BIG, BIG_FILE, cache_dir=tmp_path / "hub", local_files_only=True) == path
+    assert os.path.islink(path) and os.path.realpath(path) == str(partial.with_suffix("").resolve())
+
+
+def test_ctrl_c_keeps_the_partial_download_for_the_next_run(tmp_path):
+    big = os.urandom(3 * 2**20)
+    with FakeHub({BIG: FakeRepo({BIG_FILE: big}, hold_after={BIG_FILE: 2**20 + 777})}) as hub:
+        process = subprocess.Popen([sys.executable, "-m", "lamplight.cli", "pull", BIG], env=_env(hub.url, tmp_path),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        partial = _partial(tmp_path, big)
+        deadline = time.monotonic() + 60
+        while not (partial.exists() and partial.stat().st_size >= 2**20):  # the transfer stalls past 1 MiB
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+        assert process.returncode == 1 and "Traceback" not in stderr, stderr
+        assert f"download of {BIG}/{BIG_FILE} interrupted; run again to resume" in stderr
+        kept = partial.stat().st_size
+        assert 2**20 <= kept <= 2**20 + 777 and partial.read_bytes() == big[:kept]
+        hub.requests.clear()
+        second = lamplight(["pull", BIG], hub.url, tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert _gets(hub) == [f"bytes={kept}-"]
+    assert open(second.stdout.strip(), "rb").read() == big
+
+
+def test_a_bad_partial_download_is_caught_by_the_hash_check_and_replaced(tmp_path):
+    big = os.urandom(2 * 2**20)
+    partial = _partial(tmp_path, big)
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(os.urandom(2**20))  # no prefix of the file: resuming from it gives a corrupt whole
+    with FakeHub({BIG: FakeRepo({BIG_FILE: big})}) as hub:
+        pulled = lamplight(["pull", BIG], hub.url, tmp_path)
+    assert pulled.returncode == 0 and "Traceback" not in pulled.stderr, pulled.stderr
+    assert f"{BIG_FILE} is corrupt: sha256" in pulled.stderr
+    assert f"the partial download it resumed was bad, downloading {BIG_FILE} anew" in pulled.stderr
+    assert _gets(hub) == [f"bytes={2**20}-", None]  # resumed, found bad, then once more from the start
+    assert open(pulled.stdout.strip(), "rb").read() == big and not partial.exists()
+
+
+def test_a_server_that_ignores_range_still_gives_the_right_file(tmp_path):
+    big = os.urandom(2 * 2**20)
+    partial = _partial(tmp_path, big)
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(big[:300_000])
+    with FakeHub({BIG: FakeRepo({BIG_FILE: big}, ignore_range=True)}) as hub:
+        pulled = lamplight(["pull", BIG], hub.url, tmp_path)
+    assert pulled.returncode == 0, pulled.stderr
+    assert _gets(hub) == ["bytes=300000-"]  # answered with 200 and the whole file, written from the start
+    assert open(pulled.stdout.strip(), "rb").read() == big and not partial.exists()
+
+
+def _partial(home, data: bytes):
+    """Where a download of `data` in tester/Big-GGUF waits between runs: huggingface_hub's blob name."""
+    return home / "hub" / "models--tester--Big-GGUF" / "blobs" / f"{hashlib.sha256(data).hexdigest()}.incomplete"
+
+
+def _gets(hub: FakeHub) -> list[str | None]:
+    """The Range header of each GET of a GGUF, in order."""
+    return [r for method, path, r in hub.requests if method == "GET" and path.endswith(".gguf")]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -206,6 +207,74 @@ def test_markdown_code_and_model_html_stays_inert(page):
     page.wait_for_timeout(200)
     assert page.evaluate("window.__xss") is None
     screenshot(page, "03-markdown-code-xss")
+
+
+def test_copy_buttons_copy_the_code_and_the_reply(page, server):
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=server)
+    grammar = "root ::= " + gbnf_literal(MARKDOWN_REPLY)
+    change_settings(page, custom={"grammar": grammar, "n_predict": 400})
+    send(page, "Render something")
+    wait_for_reply(page)
+    code = page.locator(".message.assistant .content pre code")
+    copy = page.locator(".message.assistant .content pre .copy-code")
+    assert copy.inner_text() == "Copy"
+    copy.click()
+    page.wait_for_function("document.querySelector('.copy-code').textContent === 'Copied'")  # the feedback
+    clipboard = page.evaluate("navigator.clipboard.readText()")
+    assert clipboard == code.evaluate("element => element.textContent")
+    assert clipboard.rstrip("\n") == "def answer():\n    return 42"  # the code only, not the button's label
+    page.wait_for_function("document.querySelector('.copy-code').textContent === 'Copy'")  # and back
+
+    page.click(".message.assistant .copy-message")  # the reply's own Copy: its markdown source
+    page.wait_for_function("document.querySelector('.message.assistant .copy-message').textContent === 'Copied'")
+    assert page.evaluate("navigator.clipboard.readText()") == MARKDOWN_REPLY
+
+
+PROGRESS_TEXT = re.compile(r"Reading the prompt: (\d+)% \((\d+)/(\d+) tokens\)")
+
+
+def test_prompt_progress_is_shown_while_a_long_prompt_is_read(page):
+    # ~1200 prompt tokens (this tokenizer has few merges: about one a character) are read in
+    # 512-token steps, each sending a progress chunk; a MutationObserver records every text the
+    # page shows for them. A follow-up then starts from the cached conversation.
+    page.evaluate("""() => {
+        window.__progress = [];
+        new MutationObserver(() => {
+            for (const element of document.querySelectorAll('#messages .progress')) {
+                if (window.__progress.at(-1) !== element.textContent) window.__progress.push(element.textContent);
+            }
+        }).observe(document.getElementById('messages'), {childList: true, subtree: true, characterData: true});
+    }""")
+    change_settings(page, custom={"n_predict": 4})
+    send(page, "Summarise: " + "lorem ipsum " * 100)
+    wait_for_reply(page)
+    first = _progress_shown(page)
+    (total,) = {total for _, total in first}
+    read = int(re.search(r"prompt (\d+) tokens", page.inner_text(".message.assistant .stats")).group(1))
+    cached = total - read  # the chat template's first tokens may still be in the slot from another test
+    assert read > 1024 and 0 <= cached < 50
+    assert any(cached < done < total for done, _ in first), first  # shown while the prompt was being read
+    assert page.locator("#messages .progress").count() == 0  # and gone once the reply came
+
+    page.evaluate("window.__progress = []")
+    send(page, "And now in one word: " + "dolor sit amet " * 25)
+    wait_for_reply(page, index=3)
+    second = _progress_shown(page)
+    # The cached conversation counts as read: never past 100%, never fewer tokens than the first prompt.
+    assert all(total <= done <= later_total for done, later_total in second), second
+
+
+def _progress_shown(page) -> list[tuple[int, int]]:
+    """(tokens read, prompt tokens) of each progress text the page showed; each one well-formed."""
+    shown = []
+    for text in page.evaluate("window.__progress"):
+        match = PROGRESS_TEXT.fullmatch(text)
+        assert match, text
+        percent, done, total = map(int, match.groups())
+        assert 0 <= done <= total and percent == round(100 * done / total), text
+        shown.append((done, total))
+    assert shown, "no prompt progress was shown"
+    return shown
 
 
 def test_settings_are_seeded_from_props_and_reach_the_server(page, server):

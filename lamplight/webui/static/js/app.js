@@ -313,7 +313,7 @@ function applyChunk(reply, chunk) {
   if (chunk.timings) reply.timings = chunk.timings;
   const progress = chunk.prompt_progress;
   if (progress && progress.total) {
-    const done = progress.processed + (progress.cache || 0);
+    const done = progress.processed;  // cached tokens included, as llama-server counts them
     reply.progress = `Reading the prompt: ${Math.round((100 * done) / progress.total)}% (${done}/${progress.total} tokens)`;
   }
   if (delta.content || delta.reasoning_content) reply.progress = "";
