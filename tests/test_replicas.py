@@ -66,6 +66,18 @@ def test_metrics_are_labelled_per_replica():
     assert label_metrics(text, "r2", seen) == 'a{replica="r2"} 1\nb{replica="r2",x="1"} 2\n'
 
 
+def wait_healthy(port: int, process: subprocess.Popen, log_path, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+
+
 # First: it runs its own Ray instance, before the module's one starts.
 def test_cli_serves_replicas_and_stops_cleanly_on_sigterm(tmp_path):
     pytest.importorskip("ray.serve", reason=RAY_SKIP)
@@ -80,15 +92,7 @@ def test_cli_serves_replicas_and_stops_cleanly_on_sigterm(tmp_path):
                                stdout=log, stderr=subprocess.STDOUT)
     ray_processes = []
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
+        wait_healthy(port, process, tmp_path / "serve.log")
         print(f"lamplight serve --replicas 2: ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
         chat(f"http://127.0.0.1:{port}", [{"role": "user", "content": "hi"}])
         assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["replica-0", "replica-1"]
@@ -105,18 +109,6 @@ def test_cli_serves_replicas_and_stops_cleanly_on_sigterm(tmp_path):
     alive = [pid for pid in ray_processes if os.path.exists(f"/proc/{pid}")
              and open(f"/proc/{pid}/stat", "rb").read().rsplit(b")", 1)[1].split()[0] != b"Z"]
     assert not alive, f"Ray processes left behind: {alive}"
-
-
-def wait_healthy(port: int, process: subprocess.Popen, log_path, timeout_s: float = 240) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
 
 
 # Before the module's Ray instance too: a cluster of its own, made by `ray start`.

@@ -79,11 +79,13 @@ def _add_norm(w: GGUFWriter, rng: np.random.Generator, name: str, n: int) -> Non
 
 
 def write_tiny_llama(path: str | Path, seed: int = 0, n_layers: int = 2, n_ctx: int = 256, qtype: Q = Q.Q8_0,
-                     n_embd: int = 64, split_max_tensors: int = 0) -> Path:
+                     n_embd: int = 64, split_max_tensors: int = 0, controls: list[str] = ()) -> Path:
     """A tiny random llama file; with `split_max_tensors`, split as llama.cpp's gguf-split does
-    (PATH-00001-of-0000N.gguf ...; the first part's path is returned)."""
+    (PATH-00001-of-0000N.gguf ...; the first part's path is returned); `controls`: control tokens
+    added at the end of the vocabulary."""
     rng = np.random.default_rng(seed)
     tokens, types, merges, ids = _bpe_vocab()
+    tokens, types = tokens + list(controls), types + [3] * len(controls)
     n_vocab, n_heads, n_kv, n_ff = len(tokens), 4, 2, 2 * n_embd
     head_dim = n_embd // n_heads
     w = _writer(path, "llama", n_layers, n_ctx, n_embd, n_ff, n_heads, n_kv, split_max_tensors)
@@ -342,29 +344,4 @@ def write_tiny_llama_with_controls(path: str | Path, controls: list[str], seed: 
                                    n_ctx: int = 256, n_embd: int = 64) -> Path:
     """write_tiny_llama's model with `controls` added at the end of its vocabulary as control
     tokens (e.g. Gemma 4's `<|channel>` and `<channel|>`): ids 267, 268, ..."""
-    rng = np.random.default_rng(seed)
-    tokens, types, merges, ids = _bpe_vocab()
-    tokens, types = tokens + list(controls), types + [3] * len(controls)
-    n_vocab, n_heads, n_kv, n_ff = len(tokens), 4, 2, 2 * n_embd
-    head_dim = n_embd // n_heads
-    w = _writer(path, "llama", n_layers, n_ctx, n_embd, n_ff, n_heads, n_kv)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(head_dim)
-    w.add_vocab_size(n_vocab)
-    _add_bpe_tokenizer(w, "smollm", tokens, types, merges, ids)
-    _add_linear(w, rng, "token_embd.weight", n_vocab, n_embd, Q.Q8_0, 0.5)
-    for i in range(n_layers):
-        p = f"blk.{i}."
-        _add_norm(w, rng, p + "attn_norm.weight", n_embd)
-        _add_linear(w, rng, p + "attn_q.weight", n_embd, n_embd, Q.Q8_0, 0.2)
-        _add_linear(w, rng, p + "attn_k.weight", n_kv * head_dim, n_embd, Q.Q8_0, 0.2)
-        _add_linear(w, rng, p + "attn_v.weight", n_kv * head_dim, n_embd, Q.Q8_0, 0.2)
-        _add_linear(w, rng, p + "attn_output.weight", n_embd, n_embd, Q.Q8_0, 0.2)
-        _add_norm(w, rng, p + "ffn_norm.weight", n_embd)
-        _add_linear(w, rng, p + "ffn_gate.weight", n_ff, n_embd, Q.Q8_0, 0.2)
-        _add_linear(w, rng, p + "ffn_up.weight", n_ff, n_embd, Q.Q8_0, 0.2)
-        _add_linear(w, rng, p + "ffn_down.weight", n_embd, n_ff, Q.Q8_0, 0.2)
-    _add_norm(w, rng, "output_norm.weight", n_embd)
-    _finish(w)
-    return Path(path)
+    return write_tiny_llama(path, seed, n_layers, n_ctx, n_embd=n_embd, controls=controls)

@@ -289,7 +289,7 @@ def _diff(left: str, right: str) -> tuple[str, str, str, str]:
     rest_left = "".join(lseg[ls:le if left_done else le + 1])
     rest_right = "".join(rseg[rs:re_ if right_done else re_ + 1])
     tail = _common_suffix_length(rest_left, rest_right) if text_suffix else 0
-    head = _common_prefix_length(rest_left[:len(rest_left) - tail], rest_right[:len(rest_right) - tail]) \
+    head = common_prefix_length(rest_left[:len(rest_left) - tail], rest_right[:len(rest_right) - tail]) \
         if text_prefix else 0
     prefix += rest_left[:head]
     suffix = rest_left[len(rest_left) - tail:] + suffix
@@ -302,7 +302,8 @@ def _diff(left: str, right: str) -> tuple[str, str, str, str]:
     return prefix, middle_left, middle_right, suffix
 
 
-def _common_prefix_length(a: str, b: str) -> int:
+def common_prefix_length(a: str, b: str) -> int:
+    """How many leading characters a and b share."""
     length = 0
     for x, y in zip(a, b):
         if x != y:
@@ -312,4 +313,4 @@ def _common_prefix_length(a: str, b: str) -> int:
 
 
 def _common_suffix_length(a: str, b: str) -> int:
-    return _common_prefix_length(a[::-1], b[::-1])
+    return common_prefix_length(a[::-1], b[::-1])

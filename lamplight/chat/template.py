@@ -36,7 +36,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from lamplight.chat.errors import ChatTemplateError
 from lamplight.chat.caps import probe_caps
 from lamplight.chat.messages import adapt_to_caps, adapt_to_template, normalize_messages
-from lamplight.chat.prefill import ThinkingSection, thinking_section
+from lamplight.chat.prefill import ThinkingSection, common_prefix_length, thinking_section
 from lamplight.chat.answer_wrappers import detect_answer_wrapper
 from lamplight.chat.reasoning_markers import detect_reasoning_markers
 
@@ -168,7 +168,7 @@ class ChatTemplate:
         # generation prompt only where a template ends a conversation differently: Phi-3.5's eos).
         closed = self._render(history, False, tools, extra)
         opened = self._render(history, True, tools, extra)
-        generation_prompt = opened[_common_prefix_length(closed, opened):]
+        generation_prompt = opened[common_prefix_length(closed, opened):]
         reply_so_far = self.thinking_section.continue_reply(
             generation_prompt, reply.get("reasoning_content") or "", reply["content"] or "")
         return closed + reply_so_far
@@ -226,15 +226,6 @@ class ChatTemplate:
         if self.add_eos and self.eos_token and text.endswith(self.eos_token):
             text = text[: -len(self.eos_token)]
         return text
-
-
-def _common_prefix_length(a: str, b: str) -> int:
-    length = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        length += 1
-    return length
 
 
 def _compile(source: str, name: str):
