@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import reference_dir
+
 from lamplight.chat.reasoning import plan_reasoning
 from lamplight.chat.reasoning_markers import detect_reasoning_markers
 
@@ -66,3 +68,20 @@ def test_streaming_growth_holds_back_a_partial_end_marker():
 
 def test_templates_without_thinking_have_no_markers():
     assert detect_reasoning_markers("{{ messages }}") is None
+
+
+def test_a_prefill_with_reasoning_only_continues_inside_the_thinking():
+    from lamplight.chat import ChatTemplate
+    from lamplight.server.chat_prompt import continues_thinking
+
+    qwen3 = ChatTemplate(open(reference_dir() / "templates" / "Qwen-Qwen3-0.6B.jinja").read())
+    body = {"messages": [{"role": "user", "content": "2+2?"},
+                         {"role": "assistant", "content": "", "reasoning_content": "Two and two"}]}
+    prompt = qwen3.render(body["messages"])
+    assert prompt.endswith("<think>\nTwo and two") and continues_thinking(body)
+    plan = plan_reasoning(qwen3.reasoning, "auto", prompt, continues_thinking(body))
+    split = plan.split(" make four.\n</think>\n\n4")
+    assert (split.reasoning, split.content) == ("make four.", "4")
+    answered = {"messages": body["messages"][:1] + [{"role": "assistant", "content": "The answer",
+                                                      "reasoning_content": "Two and two"}]}
+    assert not continues_thinking(answered) and not continues_thinking({"messages": body["messages"][:1]})

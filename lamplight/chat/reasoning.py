@@ -61,11 +61,14 @@ class ReasoningPlan:
         return text if self.format == "deepseek-legacy" else answer
 
 
-def plan_reasoning(markers: ReasoningMarkers | None, reasoning_format: str, prompt: str) -> ReasoningPlan | None:
-    """The split for a chat reply, or None when nothing is split."""
+def plan_reasoning(markers: ReasoningMarkers | None, reasoning_format: str, prompt: str,
+                   continues_thinking: bool = False) -> ReasoningPlan | None:
+    """The split for a chat reply, or None when nothing is split. `continues_thinking`: the prompt
+    continues an assistant message that has reasoning but no content yet (a prefill that ends
+    inside its thinking, lamplight.chat.prefill)."""
     if markers is None or reasoning_format == "none":
         return None
-    opened = prompt.rstrip().endswith(markers.start.rstrip())
+    opened = continues_thinking or prompt.rstrip().endswith(markers.start.rstrip())
     return ReasoningPlan(markers, reasoning_format, opened)
 
 

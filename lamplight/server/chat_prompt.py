@@ -50,6 +50,15 @@ def render_chat_prompt(body: dict, chat_template: Any, tool_plan: Any = _PLAN_FR
     return _close_thinking(prompt, chat_template) if reasoning_budget == 0 else prompt
 
 
+def continues_thinking(body: dict) -> bool:
+    """The prompt continues a final assistant message that has reasoning but no content: it ends
+    inside that message's thinking block (lamplight.chat.prefill), so the reply starts there."""
+    messages = body.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    return (isinstance(last, dict) and last.get("role") == "assistant" and not last.get("content")
+            and bool(last.get("reasoning_content")))
+
+
 def _close_thinking(prompt: str, chat_template: Any) -> str:
     """The prompt with an open thinking block at its end closed (no budget for thinking)."""
     markers = getattr(chat_template, "reasoning", None)
@@ -59,7 +68,7 @@ def _close_thinking(prompt: str, chat_template: Any) -> str:
 
 
 def reasoning_budget_spec(chat_template: Any, prompt: str, budget: int, message: str,
-                          tokenizer: Any) -> ReasoningBudgetSpec | None:
+                          tokenizer: Any, continues: bool = False) -> ReasoningBudgetSpec | None:
     """The reasoning budget of a chat reply to `prompt` (lamplight.sampling.reasoning_budget), or
     None when thinking is unlimited (-1) or the template has no thinking markers.
 
@@ -75,6 +84,6 @@ def reasoning_budget_spec(chat_template: Any, prompt: str, budget: int, message:
         return tuple(tokenizer.encode(text, add_special=False, parse_special=True)) if text else ()
 
     end = tokens(markers.end)
-    opened = plan_reasoning(markers, "auto", prompt).opened
+    opened = plan_reasoning(markers, "auto", prompt, continues).opened
     return ReasoningBudgetSpec(budget=budget, start=tokens(markers.start), end=end,
                                forced=tokens(message) + end + tokens(markers.answer_prefix), opened=opened)

@@ -15,7 +15,7 @@ from lamplight.engine.types import FinalEvent
 from lamplight.chat.reasoning import plan_reasoning
 
 from .answer_grammar import constrain_answer_only
-from .chat_prompt import reasoning_budget_spec, render_chat_prompt
+from .chat_prompt import continues_thinking, reasoning_budget_spec, render_chat_prompt
 from .errors import field_error, invalid_request
 from .generation import GenerationRun, collect_unless_disconnected
 from .generation_settings import generation_settings, lora_scales
@@ -67,9 +67,11 @@ def _prepare(state: ServerState, body: dict, endpoint: Endpoint,
         prompts = build_prompts(state, body)
     elif endpoint is Endpoint.CHAT:
         text = render_chat_prompt(body, chat_template, params.tool_plan, reasoning_budget=params.reasoning_budget)
-        params.reasoning = plan_reasoning(getattr(chat_template, "reasoning", None), params.reasoning_format, text)
+        continues = continues_thinking(body)
+        params.reasoning = plan_reasoning(getattr(chat_template, "reasoning", None), params.reasoning_format, text,
+                                          continues)
         params.reasoning_budget_spec = reasoning_budget_spec(chat_template, text, params.reasoning_budget,
-                                                             params.reasoning_budget_message, tokenizer)
+                                                             params.reasoning_budget_message, tokenizer, continues)
         params.grammar = constrain_answer_only(params.grammar, params.reasoning, state.grammar_compiler, tokenizer)
         params.answer_wrapper = getattr(chat_template, "answer_wrapper", None)
         prompts = [tokenizer.encode(text, add_special=True, parse_special=True)]
