@@ -92,7 +92,11 @@ def test_cli_serves_replicas_and_stops_cleanly_on_sigterm(tmp_path):
                                stdout=log, stderr=subprocess.STDOUT)
     ray_processes = []
     try:
-        wait_healthy(port, process, tmp_path / "serve.log")
+        wait_healthy(port, process, tmp_path / "serve.log")  # one replica is up
+        deadline = time.monotonic() + 240
+        while "replica(s) ready" not in (tmp_path / "serve.log").read_text():  # and the other
+            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.5)
         print(f"lamplight serve --replicas 2: ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
         chat(f"http://127.0.0.1:{port}", [{"role": "user", "content": "hi"}])
         assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["replica-0", "replica-1"]
@@ -294,25 +298,16 @@ def test_a_killed_replica_loses_no_request_that_had_not_started(cluster):
     victim_id = sorted(actors)[0]
     victim_pid = ray.get(actors[victim_id].__ray_call__.remote(lambda self: os.getpid()), timeout=60)
     conversations = [[{"role": "user", "content": f"question {i} " * 4}] for i in range(6)]
-    streaming = threading.Event()
-    with ThreadPoolExecutor(7) as pool:
-        # One stream on the victim that has started when the victim dies: it must end, with an error event.
-        cut = pool.submit(stream_events, f"{cluster}/v1/chat/completions?replica={victim_id}", streaming,
-                          {"messages": [{"role": "user", "content": "a long story"}], "max_tokens": 2000,
-                           "ignore_eos": True, "stream": True})
-        assert streaming.wait(120), "the stream on the victim never started"
+    with ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(chat, cluster, messages, max_tokens=600) for messages in conversations]
         deadline = time.monotonic() + 60
-        while sum(slot["is_processing"] for slot in httpx.get(  # the stream and one of the six
-                f"{cluster}/slots", params={"replica": victim_id}, timeout=60).json()) < 2:
-            assert time.monotonic() < deadline, "the victim never got one of the six requests"
+        while not any(slot["is_processing"] for slot in httpx.get(
+                f"{cluster}/slots", params={"replica": victim_id}, timeout=60).json()):
+            assert time.monotonic() < deadline, "the victim never got a request"
             time.sleep(0.05)
         os.kill(victim_pid, signal.SIGKILL)  # mid-generation: nothing of those responses was sent yet
         served = [future.result(timeout=300) for future in futures]  # each asserts a 200
-        events = cut.result(timeout=120)
     assert all(response.json()["usage"]["completion_tokens"] == 600 for response in served)
-    assert any("choices" in event for event in events), events[:3]
-    assert events[-1].get("error", {}).get("code") == 503, events[-3:]  # no [DONE]: the stream was cut
     assert sorted(actors)[1] in {response.headers[REPLICA] for response in served}
     assert any(response.headers.get("x-lamplight-retries") for response in served)
     for i in range(3):  # the service keeps answering while Ray replaces the dead replica
@@ -321,3 +316,21 @@ def test_a_killed_replica_loses_no_request_that_had_not_started(cluster):
     while running_replicas() < 2 or victim_id in replica_actors():
         assert time.monotonic() < deadline, "Ray Serve did not replace the killed replica"
         time.sleep(1)
+
+
+def test_a_stream_cut_by_its_replica_dying_ends_with_an_error_event(cluster):
+    import ray
+
+    victim_id, victim = sorted(replica_actors().items())[0]
+    victim_pid = ray.get(victim.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
+    streaming = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        cut = pool.submit(stream_events, f"{cluster}/v1/chat/completions?replica={victim_id}", streaming,
+                          {"messages": [{"role": "user", "content": "a long story"}], "max_tokens": 2000,
+                           "ignore_eos": True, "stream": True})
+        assert streaming.wait(120), "the stream never started"
+        os.kill(victim_pid, signal.SIGKILL)
+        events = cut.result(timeout=120)  # it ends: no hang
+    assert any("choices" in event for event in events), events[:3]
+    assert events[-1].get("error", {}).get("code") == 503, events[-3:]  # no [DONE]: the stream was cut
+    assert chat(cluster, [{"role": "user", "content": "still there?"}]).headers[REPLICA] != victim_id
