@@ -85,3 +85,15 @@ def test_a_prefill_with_reasoning_only_continues_inside_the_thinking():
     answered = {"messages": body["messages"][:1] + [{"role": "assistant", "content": "The answer",
                                                       "reasoning_content": "Two and two"}]}
     assert not continues_thinking(answered) and not continues_thinking({"messages": body["messages"][:1]})
+
+
+@pytest.mark.parametrize("name, family", [
+    ("Kimi-K2-Instruct.jinja", "think"), ("moonshotai-Kimi-K2.jinja", "think"), ("LFM2-8B-A1B.jinja", "think"),
+    ("LFM2.5-Instruct.jinja", "think"), ("unsloth-mistral-Devstral-Small-2507.jinja", "mistral"),
+    ("Qwen-Qwen3-0.6B.jinja", "think"), ("Kimi-K3.jinja", None), ("meta-llama-Llama-3.1-8B-Instruct.jinja", None),
+])
+def test_templates_think_as_llama_cpp_s_format_for_them_does(name, family):
+    # Kimi K2, LFM2 and Devstral never name a thinking marker, but llama.cpp's dedicated formats
+    # for them split <think> / [THINK] blocks; Kimi K3's own markers are not split here.
+    markers = detect_reasoning_markers((reference_dir() / "templates" / name).read_text(encoding="utf-8"))
+    assert (markers.family if markers else None) == family

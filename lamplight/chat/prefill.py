@@ -124,11 +124,16 @@ FORMATS = (
 _TRIMMED = ("laguna_glm_thinking",)
 
 
+def dedicated_section(source: str) -> ThinkingSection | None:
+    """The thinking section of the dedicated format llama.cpp gives `source`, if it gives one."""
+    return next((chat_format.section for chat_format in FORMATS if chat_format.matches(source)), None)
+
+
 def thinking_section(source: str, render: Render, supports_tool_calls: bool) -> ThinkingSection:
     """The thinking section of `source`'s replies: its dedicated format's, else found by analysis."""
-    for chat_format in FORMATS:
-        if chat_format.matches(source):
-            return chat_format.section
+    dedicated = dedicated_section(source)
+    if dedicated is not None:
+        return dedicated
     section = _analyse(render, supports_tool_calls)
     if any(marker in source for marker in _TRIMMED):
         section = ThinkingSection(section.start.strip(), section.end.strip())

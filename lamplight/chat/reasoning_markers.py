@@ -58,4 +58,17 @@ def detect_reasoning_markers(source: str) -> ReasoningMarkers | None:
     for family in FAMILIES:
         if family.probe in source:
             return family
-    return None
+    return _dedicated_format_markers(source)
+
+
+def _dedicated_format_markers(source: str) -> ReasoningMarkers | None:
+    """Templates whose source never names a thinking marker but that llama.cpp gives a dedicated
+    format which thinks in one of the families' markers (Kimi K2 and LFM2: `<think>`; Devstral,
+    as Ministral 3: `[THINK]`): that family. (Formats with markers of their own, Kimi K3's and
+    Muse Glimmer's, are not split here.)"""
+    from lamplight.chat.prefill import dedicated_section
+
+    section = dedicated_section(source)
+    if section is None:
+        return None
+    return next((f for f in FAMILIES if (f.start, f.end) == (section.start, section.end)), None)
