@@ -139,6 +139,8 @@ def wait_for_reply(page, index: int = 1):
 
 
 def test_send_stream_reload_regenerate_and_edit(page, server):
+    assert page.locator("#messages .message").count() == 0  # a new page: an empty conversation
+    screenshot(page, "00-empty")
     change_settings(page, custom={"n_predict": 300, "ignore_eos": True})  # long enough to watch it grow
     page.evaluate("""() => {
         window.__lengths = new Set();
