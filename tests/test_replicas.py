@@ -334,3 +334,20 @@ def test_a_stream_cut_by_its_replica_dying_ends_with_an_error_event(cluster):
     assert any("choices" in event for event in events), events[:3]
     assert events[-1].get("error", {}).get("code") == 503, events[-3:]  # no [DONE]: the stream was cut
     assert chat(cluster, [{"role": "user", "content": "still there?"}]).headers[REPLICA] != victim_id
+
+
+def test_serve_run_entry_point_takes_serve_flags(monkeypatch, tmp_path):
+    """`serve run lamplight.distributed:build_app model=M replicas=N ...`: each key a serve flag."""
+    pytest.importorskip("ray.serve", reason=RAY_SKIP)
+    from lamplight.distributed import deployments
+
+    built = {}
+    monkeypatch.setattr(deployments, "build_application",
+                        lambda spec, replicas, imbalance, block_chars, policy: built.update(
+                            spec=spec, replicas=replicas, imbalance=imbalance, block_chars=block_chars, policy=policy))
+    deployments.build_app({"model": "m.gguf", "replicas": 3, "ctx-size": 1024, "parallel": 2, "route": "random",
+                           "route_imbalance": 5, "metrics": "true", "threads": 6})
+    spec = built["spec"]
+    assert (built["replicas"], built["imbalance"], built["policy"], built["block_chars"]) == (3, 5, "random", 256)
+    assert (spec.model, spec.threads, spec.options.n_ctx, spec.options.n_parallel, spec.settings.metrics) == \
+        ("m.gguf", 2, 1024, 2, True)
