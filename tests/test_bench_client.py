@@ -274,6 +274,15 @@ def test_conversations_report_cache_reuse_and_replica_affinity_per_turn(tmp_path
     assert "TTFT, turn 3" in table and third.url in table and "A/B" not in table
 
 
+def test_conversations_shorten_the_system_prompt_to_fit_the_context(tmp_path):
+    with FakeServer(FakeSpec(n_ctx=500, cache_slots=4)) as server:
+        code, report = run_bench(tmp_path, "--url", server.url, "--scenarios", "conversation")
+    assert code == 0
+    scenario = report["scenarios"][0]
+    assert scenario["params"]["system_tokens"] < 256 and "shortened" in scenario["notes"][0]
+    assert max(r["usage_prompt_tokens"] for r in scenario["requests"]) + 8 <= 500
+
+
 def test_short_outputs_are_detected_and_reported(tmp_path, capsys):
     with FakeServer(FakeSpec(honour_ignore_eos=False)) as server:
         code, report = run_bench(tmp_path, "--url", server.url, "--scenarios", "decode")

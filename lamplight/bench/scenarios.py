@@ -11,7 +11,7 @@ import asyncio
 import time
 from typing import Awaitable, Callable
 
-from lamplight.bench.context import BenchContext, Target
+from lamplight.bench.context import TEMPLATE_MARGIN, BenchContext, Target
 from lamplight.bench.prompts import Prompt
 from lamplight.bench.report import MetricRow, ScenarioResult, median_or_none, scaled
 
@@ -199,12 +199,16 @@ async def run_conversations(ctx: BenchContext) -> ScenarioResult:
     a prefix cache (and, with replicas, routing that keeps a conversation on one) is for. Each
     server runs every conversation's turn k before the next server does (A, B, C, then turn k+1)."""
     cfg = ctx.config
+    system_tokens = _fitting_conversation_system_tokens(ctx)
     scenario = ScenarioResult("conversation", {"conversations": cfg.conversation_count,
                                                "turns": cfg.conversation_turns,
-                                               "system_tokens": cfg.conversation_system_tokens,
+                                               "system_tokens": system_tokens,
                                                "user_tokens": cfg.conversation_user_tokens,
                                                "max_tokens": cfg.conversation_max_tokens})
-    system = (await ctx.prompts.prompt(cfg.conversation_system_tokens, "conversation/system")).user
+    if system_tokens < cfg.conversation_system_tokens:
+        scenario.notes.append(f"system prompt shortened to {system_tokens} tokens so that the last turn fits "
+                              f"the servers' context")
+    system = (await ctx.prompts.prompt(system_tokens, "conversation/system")).user
     users = [[(await ctx.prompts.prompt(cfg.conversation_user_tokens, f"conversation/{c}/{turn}")).user
               for turn in range(cfg.conversation_turns)] for c in range(cfg.conversation_count)]
     histories = {t.label: [[{"role": "system", "content": system}] for _ in users] for t in ctx.targets}
@@ -226,6 +230,18 @@ async def run_conversations(ctx: BenchContext) -> ScenarioResult:
     ctx.progress.finish()
     scenario.rows = _conversation_rows(scenario, ctx, cfg.conversation_turns)
     return scenario
+
+
+def _fitting_conversation_system_tokens(ctx: BenchContext) -> int:
+    """The configured system prompt, or a shorter one when the last turn would not fit a server."""
+    cfg = ctx.config
+    contexts = [t.info.n_ctx for t in ctx.targets if t.info.n_ctx]
+    if not contexts:
+        return cfg.conversation_system_tokens
+    history = (cfg.conversation_turns * cfg.conversation_user_tokens
+               + (cfg.conversation_turns - 1) * cfg.conversation_max_tokens)
+    room = min(contexts) - cfg.conversation_max_tokens - TEMPLATE_MARGIN["chat"] * cfg.conversation_turns - history
+    return max(1, min(cfg.conversation_system_tokens, room))
 
 
 def _conversation_rows(scenario: ScenarioResult, ctx: BenchContext, turns: int) -> list[MetricRow]:
