@@ -9,6 +9,7 @@ import copy
 
 import httpx
 import pytest
+from conftest import reference_dir
 from test_server_support import ScriptedEngine, ServerThread, sse_events
 from test_server_tools import HERMES_TEMPLATE, TINY_TOOLS, reassemble_stream
 from tiny_gguf import write_tiny_llama
@@ -21,6 +22,9 @@ from lamplight.tools import GenericFormat, HermesFormat, Llama3Format, MistralFo
 
 PICK = '{"name": "pick", "arguments": {"n": 1, "unit": "c"}}'
 PICK_ARGS = '{"n":1,"unit":"c"}'
+# The same call as Qwen3.5's template writes it (Qwen3-Coder's XML).
+PICK_XML = ("<tool_call>\n<function=pick>\n<parameter=n>\n1\n</parameter>\n<parameter=unit>\nc\n</parameter>\n"
+            "</function>\n</tool_call>")
 
 CUT_REPLIES = [
     # (format, reply cut by max_tokens, expected content, expected complete calls)
@@ -66,7 +70,8 @@ def scripted(tmp_path_factory):
     loaded = lamplight.load(str(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf")))
     engine = ScriptedEngine()
     servers = {}
-    for name, source in (("generic", None), ("hermes", HERMES_TEMPLATE)):
+    qwen_xml = (reference_dir() / "templates" / "Qwen3.5-4B.jinja").read_text(encoding="utf-8")
+    for name, source in (("generic", None), ("hermes", HERMES_TEMPLATE), ("qwen-xml", qwen_xml)):
         model = copy.copy(loaded)
         if source is not None:
             model.chat_template = ChatTemplate(source)
@@ -82,6 +87,9 @@ CUT_CASES = [
     ("generic", '{"tool_calls": [' + PICK + ', {"name": "flag", "arguments": {"o', "required"),
     ("hermes", "<tool_call>\n" + PICK + "\n</tool_call>\n<tool_call>\n{\"name\": \"flag\", \"arguments\": {\"o", "required"),
     ("hermes", "<tool_call>\n" + PICK + "\n</tool_call>\n<tool_call>\n{\"name\": \"flag\", \"arg", "auto"),
+    # Qwen3.5's generation prompt opens the thinking: the calls come after it.
+    ("qwen-xml", "Hm.</think>\n\n" + PICK_XML + "\n<tool_call>\n<function=flag>\n<parameter=on>\ntr", "required"),
+    ("qwen-xml", "Hm.</think>\n\n" + PICK_XML + "\n<tool_call>\n<funct", "auto"),
 ]
 
 
@@ -115,3 +123,21 @@ def test_cut_response_text_is_content(scripted):
         "messages": [{"role": "user", "content": "hi"}], "tools": TINY_TOOLS, "max_tokens": 9}, timeout=10).json()
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello wor"}
     assert body["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_qwen_xml_reply_is_a_tool_call_over_the_api(scripted):
+    engine, urls = scripted
+    request = {"messages": [{"role": "user", "content": "hi"}], "tools": TINY_TOOLS, "max_tokens": 100}
+    reply = "The user wants a digit.\n</think>\n\nPicking.\n\n" + PICK_XML  # after the opened thinking
+    engine.script = script(reply, stop_type="eos")
+    message = httpx.post(f"{urls['qwen-xml']}/v1/chat/completions", json=request, timeout=10).json()["choices"][0]
+    assert message["finish_reason"] == "tool_calls" and message["message"]["content"] == "Picking."
+    assert message["message"]["reasoning_content"] == "The user wants a digit."
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["message"]["tool_calls"]] \
+        == [("pick", PICK_ARGS)]
+    engine.script = script(reply, stop_type="eos")
+    events = sse_events(httpx.post(f"{urls['qwen-xml']}/v1/chat/completions", json={**request, "stream": True},
+                                   timeout=10).text)
+    content, calls, finish = reassemble_stream(events)
+    assert (content, finish) == ("Picking.", "tool_calls")
+    assert [(c["name"], c["arguments"]) for c in calls] == [("pick", PICK_ARGS)]

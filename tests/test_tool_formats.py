@@ -1,8 +1,10 @@
-"""The native tool-call formats of DeepSeek R1/V3.1, Granite 3.x and Command R7B: recorded model
+"""The native tool-call formats of DeepSeek R1/V3.1, Granite 3.x, Command R7B/R+ and Qwen3-Coder XML: recorded model
 replies (written from the real templates in the reference folder) parse to calls, streamed and
 not; grammars hold the model to each format; detection follows the template."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from test_tools import test_streamed_deltas_reassemble_to_the_final_message as check_streamed_deltas
@@ -15,7 +17,9 @@ from lamplight.tools import (
     DeepSeekR1Format,
     DeepSeekV31Format,
     GraniteFormat,
+    QwenXmlFormat,
     ToolCallStream,
+    ToolSpec,
     detect_format,
     message_json,
 )
@@ -38,6 +42,10 @@ COMMAND_R7B_TWO = ('<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "g
 COMMAND_R_PLUS_TWO = ('I will look up the weather.\nAction:\n```json\n[\n    {\n        "tool_name": "get_weather",\n'
                       '        "parameters": {"city": "Paris", "days": 2}\n    },\n    {\n        "tool_name": "noop",\n'
                       '        "parameters": {}\n    }\n]\n```')
+# As Qwen3.5's and Qwen3-Coder's templates write an assistant turn with text and two calls.
+QWEN_XML_TWO = ("Let me look.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=noop>\n"
+                "</function>\n</tool_call>")
 TWO_CALLS = [("get_weather", '{"city":"Paris","days":2}'), ("noop", "{}")]
 
 RECORDED = [
@@ -46,6 +54,7 @@ RECORDED = [
     (GraniteFormat(), GRANITE_TWO, ""),
     (CommandR7BFormat(), COMMAND_R7B_TWO, ""),
     (CommandRPlusFormat(), COMMAND_R_PLUS_TWO, "I will look up the weather.\n"),
+    (QwenXmlFormat(), QWEN_XML_TWO, "Let me look."),
 ]
 
 
@@ -67,6 +76,9 @@ def test_command_r7b_ids_are_the_models():
     (CommandR7BFormat(), '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "noop", "parameters": {}}] trailing'),
     (CommandRPlusFormat(), 'Action:\n```json\n[{"tool_name": "noop", "parameters": {}}]\n``` and more'),
     (CommandRPlusFormat(), 'Action:\n```json\n{"tool_name": "noop", "parameters": {}}\n```'),
+    (QwenXmlFormat(), "<tool_call>\n<function=noop>\n</function>"),  # cut before </tool_call>
+    (QwenXmlFormat(), "<tool_call>\n{\"name\": \"noop\", \"arguments\": {}}\n</tool_call>"),  # Hermes JSON
+    (QwenXmlFormat(), "<tool_call>\n<function=noop>\n<parameter=x>\n1\n</function>\n</tool_call>"),
 ])
 def test_malformed_calls_are_content(fmt, text):
     parsed = fmt.parse(text)
@@ -76,6 +88,7 @@ def test_malformed_calls_are_content(fmt, text):
 @pytest.mark.parametrize("fmt, text, _content", RECORDED + [
     (DeepSeekR1Format(), "Plain <｜tool▁calls answer, no calls.", None),
     (GraniteFormat(), "Plain text <|tool_ and more", None),
+    (QwenXmlFormat(), "Plain <tool_c text, no calls.", None),
 ])
 def test_streamed_deltas_reassemble_to_the_final_message(fmt, text, _content):
     check_streamed_deltas(fmt, text)
@@ -101,6 +114,7 @@ def one_call(fmt) -> str:
                        '"parameters": {"city": "Paris", "days": 2}}]<|END_ACTION|>',
         "command-r-plus": 'Action:\n```json\n[{"tool_name": "get_weather", "parameters": {"city": "Paris", "days": 2}}]'
                           '\n```',
+        "qwen3-coder": QWEN_XML_TWO.split("\n<tool_call>\n<function=noop>")[0].removeprefix("Let me look.\n\n"),
     }[fmt.name]
 
 
@@ -132,6 +146,9 @@ def test_grammars(tiny, fmt):
     ("CohereForAI-c4ai-command-r-plus-tool_use.jinja", "command-r-plus"),
     ("openai-gpt-oss-120b.jinja", "gpt-oss"),
     ("ibm-granite-granite-4.0.jinja", "hermes"),  # Granite 4 writes <tool_call> blocks
+    ("Qwen-Qwen3-0.6B.jinja", "hermes"),
+    ("Qwen3.5-4B.jinja", "qwen3-coder"),  # <tool_call> with <function=...> and <parameter=...> inside
+    ("Qwen3-Coder.jinja", "qwen3-coder"),
     # These do not render `tools`; llama.cpp checks the DeepSeek markers first all the same
     # (tests/test_tool_detection.py).
     ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-v3.1"),
@@ -162,3 +179,36 @@ def test_template_caps_for_props(template, tool_calls, parallel):
     with open(TEMPLATES + template, encoding="utf-8") as handle:
         caps = _template_caps(ChatTemplate(handle.read()))
     assert (caps["supports_tool_calls"], caps["supports_parallel_tool_calls"]) == (tool_calls, parallel)
+
+
+def test_qwen_xml_values_follow_the_tools_schema():
+    tools = [ToolSpec("f", "", {"type": "object", "properties": {
+        "text": {"type": "string"}, "n": {"type": "number"}, "flag": {"type": "boolean"},
+        "items": {"type": "array"}, "any": {}}})]
+    fmt = QwenXmlFormat().for_tools(tools)
+    reply = ("<tool_call>\n<function=f>\n<parameter=text>\n42\n</parameter>\n<parameter=n>\n2.5\n</parameter>\n"
+             "<parameter=flag>\nTrue\n</parameter>\n<parameter=items>\n[1, \"a\"]\n</parameter>\n"
+             "<parameter=any>\ntwo\nlines\n</parameter>\n</function>\n</tool_call>")
+    (call,) = fmt.parse(reply).tool_calls
+    assert json.loads(call.arguments) == {"text": "42", "n": 2.5, "flag": True, "items": [1, "a"], "any": "two\nlines"}
+    # Without the schema (a bare format) a value that reads as a JSON number is one.
+    assert json.loads(QwenXmlFormat().parse(reply).tool_calls[0].arguments)["text"] == 42
+
+
+def test_qwen_xml_grammar_holds_calls_to_their_tools(tiny):
+    fmt = QwenXmlFormat()
+
+    def check(text, choice="auto", parallel=True):
+        return walk(tiny, compile_plan(tiny, plan(fmt, choice, parallel)), text)
+
+    one = one_call(fmt)
+    two = QWEN_XML_TWO.removeprefix("Let me look.\n\n")
+    assert check(one, "required", parallel=False) == "done"
+    assert check(two, "required") in ("done", "accepting")
+    assert check(two, "required", parallel=False) == "refused"
+    assert check("Plain text " + one, "auto") in ("done", "accepting")
+    assert check("Plain text " + one, "required") == "refused"
+    assert check(one.replace("<parameter=city>\nParis\n</parameter>\n", ""), "required") == "refused"  # required
+    assert check(one.replace("\n2\n", "\ntwo\n"), "required") == "refused"  # days is an integer
+    assert check(one.replace("Paris", "Paris, </para or not"), "required", parallel=False) == "done"  # text up to the tag
+    assert check(one.replace("get_weather", "get_news"), "required") == "refused"

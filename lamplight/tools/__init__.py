@@ -16,11 +16,13 @@ from .formats import (
     ToolFormat,
 )
 from .harmony import HarmonyFormat
+from .qwen_xml import QwenXmlFormat
 from .plan import ToolPlan, detect_format, plan_tool_calling, prompt_inputs, template_tools
 from .spec import ToolCall, ToolRequestError, ToolSpec, new_tool_call_id
 from .stream import ToolCallStream, finish_reason, message_json
 
 FORMATS[HarmonyFormat.name] = HarmonyFormat  # its own module (formats.py is the shared base)
+FORMATS[QwenXmlFormat.name] = QwenXmlFormat
 
 __all__ = [
     "FORMATS",
@@ -36,6 +38,7 @@ __all__ = [
     "Llama3Format",
     "MistralFormat",
     "ParsedMessage",
+    "QwenXmlFormat",
     "ToolCall",
     "ToolCallStream",
     "ToolFormat",

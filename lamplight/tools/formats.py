@@ -129,6 +129,10 @@ class ToolFormat:
     def parse(self, text: str, partial: bool = False) -> ParsedMessage:
         raise NotImplementedError
 
+    def for_tools(self, tools: list[ToolSpec]) -> "ToolFormat":
+        """The format for a request with these tools (formats that read values by their schema)."""
+        return self
+
     def parse_cut(self, text: str) -> ParsedMessage:
         """A reply cut short (max_tokens): its content and the calls it completed. An unfinished
         call is dropped rather than returned as content: the wire text of a half-written call is

@@ -8,6 +8,7 @@ order, for the formats implemented here:
     template does not use `tools`                          -> generic
     `<|END_THINKING|><|START_ACTION|>`                     -> command-r7b
     `elif thinking` and `<|tool_call|>`                    -> granite (3.x)
+    `<tool_call>`, `<function=` and `<parameter=`           -> qwen3-coder (XML; Qwen3-Coder, Qwen3.5)
     `<tool_call>`                                          -> hermes (Hermes 2 Pro, Qwen 2.5/3)
     `<|channel|>`                                          -> gpt-oss (harmony)
     `<|start_header_id|>ipython<|end_header_id|>`          -> llama3 (+ `<|python_tag|>` if present)
@@ -47,6 +48,8 @@ from .formats import (
 )
 from .harmony import CHANNEL as HARMONY_CHANNEL
 from .harmony import HarmonyFormat
+from . import qwen_xml
+from .qwen_xml import QwenXmlFormat
 from .spec import ToolRequestError, ToolSpec, parse_tool_choice, parse_tools
 
 LLAMA3_IPYTHON = "<|start_header_id|>ipython<|end_header_id|>"
@@ -67,6 +70,8 @@ def detect_format(template: Any) -> ToolFormat:
         return CommandR7BFormat()
     if "elif thinking" in source and GraniteFormat.MARKER in source:
         return GraniteFormat()
+    if qwen_xml.detects(source):  # before Hermes, as llama.cpp: these templates' <tool_call> holds XML
+        return QwenXmlFormat()
     if HermesFormat.OPEN in source:
         return HermesFormat()
     if HARMONY_CHANNEL in source:
@@ -88,6 +93,9 @@ class ToolPlan:
     choice: str  # auto | required | none
     forced: str | None  # tool_choice named this function
     parallel: bool
+
+    def __post_init__(self) -> None:
+        self.format = self.format.for_tools(self.tools)
 
     @property
     def active(self) -> bool:
