@@ -125,3 +125,33 @@ def test_mistral_nemo_renders_a_past_call_with_its_id():
         {"role": "user", "content": "Thanks"},
     ])
     assert '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}, "id": "a1b2c3d4e"}]' in prompt
+
+
+NULL_CONTENT_CALL = [
+    {"role": "user", "content": "Weather in Oslo?"},
+    {"role": "assistant", "content": None, "tool_calls": [  # as the openai client sends it back
+        {"id": "call00001", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+    {"role": "tool", "tool_call_id": "call00001", "content": '{"temp": 3}'},
+    {"role": "user", "content": "And tomorrow?"},
+]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_call_with_null_content_renders_wherever_one_with_empty_content_does(name):
+    """Qwen3's template tests `'</think>' in content` and failed on null: templates that cannot
+    take null content get "" (llama.cpp's requires_non_null_content), the others null as sent."""
+    from lamplight.server.chat_prompt import render_chat_prompt
+    from lamplight.server.errors import ApiError
+
+    chat = ChatTemplate((TEMPLATES / name).read_text(encoding="utf-8"))
+    empty = [dict(m) for m in NULL_CONTENT_CALL]
+    empty[1]["content"] = ""
+    try:
+        with_empty = render_chat_prompt({"messages": empty}, chat)
+    except ApiError:
+        pytest.skip("the template refuses this conversation (as llama.cpp does: Mistral's, Gemma 2's alternation)")
+    with_null = render_chat_prompt({"messages": NULL_CONTENT_CALL}, chat)
+    if chat.caps.requires_non_null_content:
+        assert with_null == with_empty
+    if name == "Qwen-Qwen3-0.6B.jinja":
+        assert chat.caps.requires_non_null_content and "<function" not in with_null and "get_weather" in with_null

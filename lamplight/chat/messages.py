@@ -141,7 +141,10 @@ def _template_message(message: dict, role: str, content: str | None, tool_calls:
 def adapt_to_caps(messages: list[dict], caps: Any) -> list[dict]:
     """What llama.cpp does for templates lacking a capability (lamplight.chat.caps): system
     messages folded into the next user turn ("system text\nuser text"), tool-call arguments as
-    JSON text."""
+    JSON text, null content as "" for templates that cannot take null."""
+    if getattr(caps, "requires_non_null_content", False):
+        messages = [{**message, "content": ""} if message.get("content") is None else message
+                    for message in messages]
     if not caps.supports_system_role:
         messages = _fold_system_messages(messages)
     if not caps.supports_object_arguments:
