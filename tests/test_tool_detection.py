@@ -106,8 +106,13 @@ CHANGED = {
 
 # Later: templates whose <tool_call> holds Qwen3-Coder's XML (`<function=`, `<parameter=`), as
 # llama.cpp detects them before Hermes (tests/test_tool_formats.py).
-QWEN_XML = {name: "qwen3-coder" for name in ("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", "Qwen3-Coder.jinja",
-                                              "Qwen3.5-4B.jinja", "StepFun3.5-Flash.jinja")}
+QWEN_XML = {
+    **{name: "qwen3-coder" for name in ("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", "Qwen3-Coder.jinja",
+                                        "Qwen3.5-4B.jinja", "StepFun3.5-Flash.jinja")},
+    # and GLM 4.5's `<tool_call>NAME<arg_key>...</arg_key><arg_value>...</arg_value>` pairs
+    **{name: "glm-4.5" for name in ("GLM-4.6.jinja", "GLM-4.7-Flash.jinja", "poolside-Laguna-S-2.1.jinja",
+                                    "poolside-Laguna-XS-2.1.jinja", "poolside-Laguna-XS.2.jinja")},
+}
 
 DEEPSEEK = {
     **CHANGED,

@@ -16,6 +16,7 @@ from lamplight.tools import (
     CommandRPlusFormat,
     DeepSeekR1Format,
     DeepSeekV31Format,
+    GlmFormat,
     GraniteFormat,
     QwenXmlFormat,
     ToolCallStream,
@@ -46,6 +47,11 @@ COMMAND_R_PLUS_TWO = ('I will look up the weather.\nAction:\n```json\n[\n    {\n
 QWEN_XML_TWO = ("Let me look.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
                 "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=noop>\n"
                 "</function>\n</tool_call>")
+# As GLM 4.6's template writes them, and GLM 4.7's (no newlines).
+GLM_TWO = ("I will check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+           "<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>\n<tool_call>noop\n</tool_call>")
+GLM47_TWO = ("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key>"
+             "<arg_value>2</arg_value></tool_call><tool_call>noop</tool_call>")
 TWO_CALLS = [("get_weather", '{"city":"Paris","days":2}'), ("noop", "{}")]
 
 RECORDED = [
@@ -55,6 +61,8 @@ RECORDED = [
     (CommandR7BFormat(), COMMAND_R7B_TWO, ""),
     (CommandRPlusFormat(), COMMAND_R_PLUS_TWO, "I will look up the weather.\n"),
     (QwenXmlFormat(), QWEN_XML_TWO, "Let me look."),
+    (GlmFormat(), GLM_TWO, "I will check."),
+    (GlmFormat(), GLM47_TWO, ""),
 ]
 
 
@@ -79,6 +87,9 @@ def test_command_r7b_ids_are_the_models():
     (QwenXmlFormat(), "<tool_call>\n<function=noop>\n</function>"),  # cut before </tool_call>
     (QwenXmlFormat(), "<tool_call>\n{\"name\": \"noop\", \"arguments\": {}}\n</tool_call>"),  # Hermes JSON
     (QwenXmlFormat(), "<tool_call>\n<function=noop>\n<parameter=x>\n1\n</function>\n</tool_call>"),
+    (GlmFormat(), "<tool_call>\n{\"name\": \"noop\", \"arguments\": {}}\n</tool_call>"),  # Hermes JSON
+    (GlmFormat(), "<tool_call>noop<arg_key>x</arg_key>1</tool_call>"),  # no <arg_value>
+    (GlmFormat(), "<tool_call>noop<arg_key>x</arg_key><arg_value>1</arg_value>"),  # cut
 ])
 def test_malformed_calls_are_content(fmt, text):
     parsed = fmt.parse(text)
@@ -89,6 +100,7 @@ def test_malformed_calls_are_content(fmt, text):
     (DeepSeekR1Format(), "Plain <｜tool▁calls answer, no calls.", None),
     (GraniteFormat(), "Plain text <|tool_ and more", None),
     (QwenXmlFormat(), "Plain <tool_c text, no calls.", None),
+    (GlmFormat(), "Plain <tool_call> as words, not a call.", None),
 ])
 def test_streamed_deltas_reassemble_to_the_final_message(fmt, text, _content):
     check_streamed_deltas(fmt, text)
@@ -115,6 +127,7 @@ def one_call(fmt) -> str:
         "command-r-plus": 'Action:\n```json\n[{"tool_name": "get_weather", "parameters": {"city": "Paris", "days": 2}}]'
                           '\n```',
         "qwen3-coder": QWEN_XML_TWO.split("\n<tool_call>\n<function=noop>")[0].removeprefix("Let me look.\n\n"),
+        "glm-4.5": GLM_TWO.split("\n<tool_call>noop")[0].removeprefix("I will check.\n"),
     }[fmt.name]
 
 
@@ -149,6 +162,9 @@ def test_grammars(tiny, fmt):
     ("Qwen-Qwen3-0.6B.jinja", "hermes"),
     ("Qwen3.5-4B.jinja", "qwen3-coder"),  # <tool_call> with <function=...> and <parameter=...> inside
     ("Qwen3-Coder.jinja", "qwen3-coder"),
+    ("GLM-4.6.jinja", "glm-4.5"),  # <tool_call>NAME then <arg_key>/<arg_value> pairs
+    ("GLM-4.7-Flash.jinja", "glm-4.5"),
+    ("poolside-Laguna-XS.2.jinja", "glm-4.5"),
     # These do not render `tools`; llama.cpp checks the DeepSeek markers first all the same
     # (tests/test_tool_detection.py).
     ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-v3.1"),
@@ -211,4 +227,22 @@ def test_qwen_xml_grammar_holds_calls_to_their_tools(tiny):
     assert check(one.replace("<parameter=city>\nParis\n</parameter>\n", ""), "required") == "refused"  # required
     assert check(one.replace("\n2\n", "\ntwo\n"), "required") == "refused"  # days is an integer
     assert check(one.replace("Paris", "Paris, </para or not"), "required", parallel=False) == "done"  # text up to the tag
+    assert check(one.replace("get_weather", "get_news"), "required") == "refused"
+
+
+def test_glm_grammar_holds_calls_to_their_tools(tiny):
+    fmt = GlmFormat()
+
+    def check(text, choice="auto", parallel=True):
+        return walk(tiny, compile_plan(tiny, plan(fmt, choice, parallel)), text)
+
+    one = one_call(fmt)
+    assert check(one, "required", parallel=False) == "done"
+    assert check(GLM47_TWO, "required") in ("done", "accepting")  # no newlines at all (GLM 4.7)
+    assert check(GLM_TWO.removeprefix("I will check.\n"), "required") in ("done", "accepting")
+    assert check(GLM_TWO.removeprefix("I will check.\n"), "required", parallel=False) == "refused"
+    assert check("I will check.\n" + one, "auto") in ("done", "accepting")
+    assert check("I will check.\n" + one, "required") == "refused"
+    assert check(one.replace("<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n", ""), "required") == "refused"
+    assert check(one.replace(">2<", ">two<"), "required") == "refused"  # days is an integer
     assert check(one.replace("get_weather", "get_news"), "required") == "refused"

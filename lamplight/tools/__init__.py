@@ -16,13 +16,14 @@ from .formats import (
     ToolFormat,
 )
 from .harmony import HarmonyFormat
-from .qwen_xml import QwenXmlFormat
+from .xml_calls import GlmFormat, QwenXmlFormat
 from .plan import ToolPlan, detect_format, plan_tool_calling, prompt_inputs, template_tools
 from .spec import ToolCall, ToolRequestError, ToolSpec, new_tool_call_id
 from .stream import ToolCallStream, finish_reason, message_json
 
 FORMATS[HarmonyFormat.name] = HarmonyFormat  # its own module (formats.py is the shared base)
 FORMATS[QwenXmlFormat.name] = QwenXmlFormat
+FORMATS[GlmFormat.name] = GlmFormat
 
 __all__ = [
     "FORMATS",
@@ -32,6 +33,7 @@ __all__ = [
     "DeepSeekV31Format",
     "GraniteFormat",
     "GenericFormat",
+    "GlmFormat",
     "GrammarSource",
     "HarmonyFormat",
     "HermesFormat",

@@ -9,6 +9,7 @@ order, for the formats implemented here:
     `<|END_THINKING|><|START_ACTION|>`                     -> command-r7b
     `elif thinking` and `<|tool_call|>`                    -> granite (3.x)
     `<tool_call>`, `<function=` and `<parameter=`           -> qwen3-coder (XML; Qwen3-Coder, Qwen3.5)
+    `<tool_call>` and `<arg_key>`                          -> glm-4.5 (GLM 4.5-4.7, Laguna)
     `<tool_call>`                                          -> hermes (Hermes 2 Pro, Qwen 2.5/3)
     `<|channel|>`                                          -> gpt-oss (harmony)
     `<|start_header_id|>ipython<|end_header_id|>`          -> llama3 (+ `<|python_tag|>` if present)
@@ -48,8 +49,8 @@ from .formats import (
 )
 from .harmony import CHANNEL as HARMONY_CHANNEL
 from .harmony import HarmonyFormat
-from . import qwen_xml
-from .qwen_xml import QwenXmlFormat
+from . import xml_calls
+from .xml_calls import GlmFormat, QwenXmlFormat
 from .spec import ToolRequestError, ToolSpec, parse_tool_choice, parse_tools
 
 LLAMA3_IPYTHON = "<|start_header_id|>ipython<|end_header_id|>"
@@ -70,8 +71,11 @@ def detect_format(template: Any) -> ToolFormat:
         return CommandR7BFormat()
     if "elif thinking" in source and GraniteFormat.MARKER in source:
         return GraniteFormat()
-    if qwen_xml.detects(source):  # before Hermes, as llama.cpp: these templates' <tool_call> holds XML
+    # Before Hermes, as llama.cpp: these templates' <tool_call> holds XML-like elements, not JSON.
+    if xml_calls.is_qwen_xml(source):
         return QwenXmlFormat()
+    if xml_calls.is_glm(source):
+        return GlmFormat()
     if HermesFormat.OPEN in source:
         return HermesFormat()
     if HARMONY_CHANNEL in source:

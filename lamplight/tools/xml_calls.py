@@ -1,8 +1,9 @@
-"""Qwen3-Coder's XML tool calls (also Qwen3.5 and Nemotron 3 Nano): llama.cpp's "Qwen3 Coder"
-format, chosen for templates with `<tool_call>`, `<function=` and `<parameter=` (before Hermes,
-whose `<tool_call>` JSON these templates do not use).
+"""Tool calls whose arguments are XML-like elements inside `<tool_call>`, one element per argument,
+not Hermes's JSON (both are detected before Hermes, as llama.cpp does):
 
-As the templates write a call (calls separated by a newline, text may come first):
+Qwen3-Coder's (also Qwen3.5, Nemotron 3 Nano, StepFun 3.5): llama.cpp's "Qwen3 Coder" format,
+chosen for templates with `<tool_call>`, `<function=` and `<parameter=`. As the templates write a
+call (calls separated by a newline, text may come first):
 
     <tool_call>
     <function=get_weather>
@@ -15,15 +16,26 @@ As the templates write a call (calls separated by a newline, text may come first
     </function>
     </tool_call>
 
-A parameter's value is raw text: a string as it is (one newline after the opening tag and one
-before the closing tag belong to the markup), other values as JSON (the templates write objects
-and arrays with `tojson`, numbers and booleans with Jinja's `string`, hence `True`/`False` too).
-Read back by the parameter's type in the tool's schema: `string` stays text, anything else is
-JSON when it parses (`True`/`False` as booleans), else text. Without a schema (a bare format), a
-value that parses as a JSON number, boolean, null, object or array is that, else text.
+GLM 4.5-4.7's (also poolside Laguna): llama.cpp's "GLM 4.5" format, chosen here for templates
+with `<tool_call>` and `<arg_key>`; the name follows the opening tag, newlines between the
+elements are optional (GLM 4.6 writes them, 4.7 does not):
 
-The grammar holds each call to its tool: the parameters in the schema's order, the required ones
-present, each value a lazy text up to `</parameter>` for strings and the JSON of its schema
+    <tool_call>get_weather
+    <arg_key>city</arg_key>
+    <arg_value>Paris</arg_value>
+    <arg_key>days</arg_key>
+    <arg_value>2</arg_value>
+    </tool_call>
+
+A value is raw text: a string as it is (Qwen: one newline after the opening tag and one before
+the closing tag belong to the markup), other values as JSON (the templates write objects and
+arrays with `tojson`; Qwen's write numbers and booleans with Jinja's `string`, hence `True`/`False`
+too). Read back by the parameter's type in the tool's schema: `string` stays text, anything else
+is JSON when it parses (`True`/`False` as booleans), else text. Without a schema (a bare format),
+a value that parses as a JSON number, boolean, null, object or array is that, else text.
+
+The grammars hold each call to its tool: the parameters in the schema's order, the required ones
+present, each value a lazy text up to its closing tag for strings and the JSON of its schema
 otherwise.
 """
 
@@ -44,11 +56,17 @@ if TYPE_CHECKING:
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
 PARAMETER_OPEN, PARAMETER_CLOSE = "<parameter=", "</parameter>"
+KEY_OPEN, KEY_CLOSE = "<arg_key>", "</arg_key>"
+VALUE_OPEN, VALUE_CLOSE = "<arg_value>", "</arg_value>"
 _NAME = re.compile(r"([^>\n]+)>")  # a function's or parameter's name, up to its `>`
 
 
-def detects(source: str) -> bool:
+def is_qwen_xml(source: str) -> bool:
     return OPEN in source and FUNCTION_OPEN in source and PARAMETER_OPEN in source
+
+
+def is_glm(source: str) -> bool:
+    return OPEN in source and KEY_OPEN in source
 
 
 class _Malformed(Exception):
@@ -63,33 +81,39 @@ class _Progress:
     end: int | None
 
 
-class QwenXmlFormat(ToolFormat):
-    name = "qwen3-coder"
-    title = "Qwen3 Coder"
+class _XmlCallsFormat(ToolFormat):
+    """`<tool_call>` blocks, separated by whitespace, text before the first; `_call_at` reads one."""
+
     triggers = (OPEN,)
+    separator = '"\\n"'  # between two calls, in the grammar
 
     def __init__(self, tools: list[ToolSpec] | None = None):
         # Each tool's parameter types, for reading values back (ToolFormat.for_tools).
         self.types = {tool.name: _parameter_types(tool) for tool in tools or ()}
 
-    def for_tools(self, tools: list[ToolSpec]) -> "QwenXmlFormat":
-        return QwenXmlFormat(tools)
-
-    # -- grammar ----------------------------------------------------------------------------------
+    def for_tools(self, tools: list[ToolSpec]) -> "_XmlCallsFormat":
+        return type(self)(tools)
 
     def grammar(self, plan: "ToolPlan", tokenizer: Any) -> GrammarSource:
         open_, open_is_token = marker_lark(tokenizer, OPEN)
         close, _ = marker_lark(tokenizer, CLOSE)
         rules = []
         for i, tool in enumerate(plan.callable_tools):
-            rules += _call_rules(f"call{i}", tool)
+            rules += self._call_rules(f"call{i}", tool)
         rules.append("call: " + " | ".join(f"call{i}" for i in range(len(plan.callable_tools))))
-        body = f'"\\n" call "\\n" {close}'
-        more = f' ("\\n" {open_} {body})*' if plan.parallel else ""
+        body = self._body(close)
+        more = f" ({self.separator} {open_} {body})*" if plan.parallel else ""
         return GrammarSource("lark", marker_grammar(plan.choice == "required", open_, open_is_token,
                                                     body + more, rules))
 
-    # -- parsing ----------------------------------------------------------------------------------
+    def _body(self, close: str) -> str:
+        raise NotImplementedError
+
+    def _call_rules(self, rule: str, tool: ToolSpec) -> list[str]:
+        raise NotImplementedError
+
+    def _call_at(self, text: str, pos: int, partial: bool) -> "_Progress":
+        raise NotImplementedError
 
     def parse(self, text: str, partial: bool = False) -> ParsedMessage:
         content: list[str] = []
@@ -120,6 +144,18 @@ class QwenXmlFormat(ToolFormat):
         if calls and not joined.strip():
             joined = ""
         return ParsedMessage(joined, calls)
+
+
+class QwenXmlFormat(_XmlCallsFormat):
+    name = "qwen3-coder"
+    title = "Qwen3 Coder"
+
+    def _body(self, close: str) -> str:
+        return f'"\\n" call "\\n" {close}'
+
+    def _call_rules(self, rule: str, tool: ToolSpec) -> list[str]:
+        return _call_rules(rule, tool, lark_literal(f"{FUNCTION_OPEN}{tool.name}>\n"), _qwen_parameter_rules,
+                           lark_literal(FUNCTION_CLOSE))
 
     def _call_at(self, text: str, pos: int, partial: bool) -> _Progress:
         pos = _expect(text, _skip_space(text, pos), FUNCTION_OPEN, partial)
@@ -215,29 +251,85 @@ def _parameter_types(tool: ToolSpec) -> dict[str, str | None]:
     return types
 
 
-def _call_rules(rule: str, tool: ToolSpec) -> list[str]:
-    """`rule`: one call of `tool`, its parameters in the schema's order, optional ones optional."""
+def _call_rules(rule: str, tool: ToolSpec, head: str, parameter_rules, tail: str) -> list[str]:
+    """`rule`: one call of `tool` (`head`, its parameters in the schema's order, optional ones
+    optional, `tail`); `parameter_rules(rule, key, schema)` spells one parameter."""
     parameters = tool.parameters if isinstance(tool.parameters, dict) else {}
     required = set(parameters.get("required") or ())
     properties = parameters.get("properties") or {}
     parts, rules = [], []
     for j, (key, schema) in enumerate(properties.items()):
         name = f"{rule}_p{j}"
-        rules += _parameter_rules(name, key, schema if isinstance(schema, dict) else {})
+        rules += parameter_rules(name, key, schema if isinstance(schema, dict) else {})
         parts.append(name if key in required else f"{name}?")
-    head = lark_literal(f"{FUNCTION_OPEN}{tool.name}>\n")
-    rules.insert(0, f"{rule}: {' '.join([head, *parts, lark_literal(FUNCTION_CLOSE)])}")
+    rules.insert(0, f"{rule}: {' '.join([head, *parts, tail])}")
     return rules
 
 
-def _parameter_rules(rule: str, key: str, schema: dict) -> list[str]:
-    head = lark_literal(f"{PARAMETER_OPEN}{key}>\n")
+def _value_rule(rule: str, schema: dict, close: str) -> tuple[str, list[str]]:
+    """A parameter's value then `close`: lazy text up to it for strings, else the schema's JSON."""
     if schema.get("type") == "string":
-        # Text up to the first closing tag (a lazy lexeme), then the newline the templates write.
-        return [f'{rule}: {head} {rule}_text "\\n"',
-                f"{rule}_text[lazy]: TEXT {lark_literal(chr(10) + PARAMETER_CLOSE)}"]
-    if schema.get("type") == "boolean":
-        value = '("true" | "false" | "True" | "False")'
-    else:
-        value = lark_json(schema)
-    return [f"{rule}: {head} {value} {lark_literal(chr(10) + PARAMETER_CLOSE + chr(10))}"]
+        return f"{rule}_text", [f"{rule}_text[lazy]: TEXT {lark_literal(close)}"]
+    value = '("true" | "false" | "True" | "False")' if schema.get("type") == "boolean" else lark_json(schema)
+    return f"{value} {lark_literal(close)}", []
+
+
+def _qwen_parameter_rules(rule: str, key: str, schema: dict) -> list[str]:
+    value, extra = _value_rule(rule, schema, "\n" + PARAMETER_CLOSE)
+    return [f'{rule}: {lark_literal(f"{PARAMETER_OPEN}{key}>{chr(10)}")} {value} "\\n"', *extra]
+
+
+def _glm_parameter_rules(rule: str, key: str, schema: dict) -> list[str]:
+    value, extra = _value_rule(rule, schema, VALUE_CLOSE)
+    key_lit = lark_literal(f"{KEY_OPEN}{key}{KEY_CLOSE}")
+    return [f'{rule}: {key_lit} "\\n"? {lark_literal(VALUE_OPEN)} {value} "\\n"?', *extra]
+
+
+class GlmFormat(_XmlCallsFormat):
+    name = "glm-4.5"
+    title = "GLM 4.5"
+    separator = '"\\n"?'  # GLM 4.7 writes its calls back to back
+
+    def _body(self, close: str) -> str:
+        return "call"  # the name follows the opening tag; the call rule ends with the closing tag
+
+    def _call_rules(self, rule: str, tool: ToolSpec) -> list[str]:
+        return _call_rules(rule, tool, f'{lark_literal(tool.name)} "\\n"?', _glm_parameter_rules,
+                           lark_literal(CLOSE))
+
+    def _call_at(self, text: str, pos: int, partial: bool) -> _Progress:
+        ends = [at for at in (text.find("\n", pos), text.find(KEY_OPEN, pos), text.find(CLOSE, pos)) if at >= 0]
+        if not ends:  # the name is not known yet
+            if partial:
+                return _Progress(None, None)
+            raise _Malformed
+        name = text[pos:min(ends)].strip()
+        if not name or any(c in name for c in "<>{}\"\n"):
+            raise _Malformed
+        pos = min(ends)
+        types = self.types.get(name, {})
+        arguments: dict[str, Any] = {}
+        while True:
+            pos = _skip_space(text, pos)
+            if text.startswith(CLOSE, pos):
+                return _Progress(_call(name, arguments, complete=True), pos + len(CLOSE))
+            if partial and CLOSE.startswith(text[pos:]):
+                return _Progress(_call(name, arguments, complete=False), None)
+            pos = _expect(text, pos, KEY_OPEN, partial)
+            key, pos = _until(text, pos, KEY_CLOSE, partial) if pos is not None else (None, pos)
+            if key is not None:
+                pos = _expect(text, _skip_space(text, pos), VALUE_OPEN, partial)
+            value, pos = _until(text, pos, VALUE_CLOSE, partial) if key is not None and pos is not None else (None, None)
+            if value is None:
+                return _Progress(_call(name, arguments, complete=False), None)
+            arguments[key.strip()] = _value(value, types.get(key.strip()))
+
+
+def _until(text: str, pos: int, close: str, partial: bool) -> tuple[str | None, int | None]:
+    """The text up to `close` and the position after it; (None, None) while unfinished (partial)."""
+    end = text.find(close, pos)
+    if end < 0:
+        if partial:
+            return None, None
+        raise _Malformed
+    return text[pos:end], end + len(close)
