@@ -54,11 +54,23 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """`lamplight serve` on one slot, long enough context for a reply to be stopped mid-way."""
-    model = write_tiny_llama(tmp_path_factory.mktemp("webui") / "tiny.gguf", n_ctx=2048)
+    yield from _serve(tmp_path_factory, write_tiny_llama(tmp_path_factory.mktemp("webui") / "tiny.gguf", n_ctx=2048))
+
+
+@pytest.fixture(scope="module")
+def slow_server(tmp_path_factory):
+    """A larger random model read in 256-token steps: a long prompt takes a few frames per step
+    (the tiny one reads 1,200 tokens in about 30 ms, faster than the page draws two frames)."""
+    model = write_tiny_llama(tmp_path_factory.mktemp("webui-slow") / "slow.gguf", n_ctx=2048, n_embd=512, n_layers=8)
+    yield from _serve(tmp_path_factory, model, "-ub", "256")
+
+
+def _serve(tmp_path_factory, model, *flags: str):
     port = free_port()
     log = open(tmp_path_factory.mktemp("log") / "serve.log", "w+")
     process = subprocess.Popen([sys.executable, "-m", "lamplight.cli", "serve", "-m", str(model), "--host", "127.0.0.1",
-                                "--port", str(port), "-np", "1", "-c", "2048"], stdout=log, stderr=subprocess.STDOUT)
+                                "--port", str(port), "-np", "1", "-c", "2048", *flags],
+                               stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_until_healthy(url, process, log)
@@ -95,6 +107,15 @@ def browser():
 @pytest.fixture
 def page(browser, server):
     """A fresh browser profile (empty localStorage) on the chat page, connected to the server."""
+    yield from _page(browser, server)
+
+
+@pytest.fixture
+def slow_page(browser, slow_server):
+    yield from _page(browser, slow_server)
+
+
+def _page(browser, server):
     context = browser.new_context(viewport={"width": 1100, "height": 760}, accept_downloads=True)
     context.set_default_timeout(TIMEOUT_MS)
     page = context.new_page()
@@ -235,10 +256,11 @@ def test_copy_buttons_copy_the_code_and_the_reply(page, server):
 PROGRESS_TEXT = re.compile(r"Reading the prompt: (\d+)% \((\d+)/(\d+) tokens\)")
 
 
-def test_prompt_progress_is_shown_while_a_long_prompt_is_read(page):
+def test_prompt_progress_is_shown_while_a_long_prompt_is_read(slow_page):
+    page = slow_page
     # ~1200 prompt tokens (this tokenizer has few merges: about one a character) are read in
-    # 512-token steps, each sending a progress chunk; a MutationObserver records every text the
-    # page shows for them. A follow-up then starts from the cached conversation.
+    # 256-token steps (slow_server), each sending a progress chunk; a MutationObserver records
+    # every text the page shows for them. A follow-up then starts from the cached conversation.
     page.evaluate("""() => {
         window.__progress = [];
         new MutationObserver(() => {
