@@ -176,15 +176,10 @@ class QwenXmlFormat(_XmlCallsFormat):
             if pos is None:
                 return _Progress(_call(name, arguments, complete=False), None)
             key, pos = _name_at(text, pos, partial)
-            if key is None:
+            value, pos = _until(text, pos, PARAMETER_CLOSE, partial) if key is not None else (None, None)
+            if value is None:
                 return _Progress(_call(name, arguments, complete=False), None)
-            end = text.find(PARAMETER_CLOSE, pos)
-            if end < 0:
-                if partial:
-                    return _Progress(_call(name, arguments, complete=False), None)
-                raise _Malformed
-            arguments[key] = _value(_strip_one_newline(text[pos:end]), types.get(key))
-            pos = end + len(PARAMETER_CLOSE)
+            arguments[key] = _value(_strip_one_newline(value), types.get(key))
         pos = _skip_space(text, pos + len(FUNCTION_CLOSE))
         after = _expect(text, pos, CLOSE, partial)
         if after is None:
