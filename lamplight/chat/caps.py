@@ -88,11 +88,11 @@ def _minja_conversation(names: list[str], arguments: dict | str) -> list[dict]:
     return [{"role": "user", "content": "Hey"}, {"role": "assistant", "content": None, "tool_calls": _calls(names, arguments)}]
 
 
-def _results_conversation(names: list[str], arguments: dict | str) -> list[dict]:
+def _results_conversation(names: list[str], arguments: dict | str, content: str | None = "") -> list[dict]:
     """Each call's result, then a user turn."""
     calls = _calls(names, arguments)
     results = [{"role": "tool", "tool_call_id": call["id"], "content": "ok"} for call in calls]
-    return [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "", "tool_calls": calls},
+    return [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": content, "tool_calls": calls},
             *results, {"role": "user", "content": "Thanks"}]
 
 
@@ -117,11 +117,8 @@ def _shows(render: Render, names: list[str], arguments: dict | str, needles: lis
 
 def _requires_non_null_content(render: Render) -> bool:
     def renders(content: str | None, arguments: dict | str) -> bool:
-        calls = _calls(["probe"], arguments)
         try:
-            render([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": content, "tool_calls": calls},
-                    {"role": "tool", "tool_call_id": calls[0]["id"], "content": "ok"},
-                    {"role": "user", "content": "Thanks"}], False, None)
+            render(_results_conversation(["probe"], arguments, content), False, None)
         except (ChatTemplateError, RecursionError):
             return False
         return True

@@ -142,7 +142,7 @@ def adapt_to_caps(messages: list[dict], caps: Any) -> list[dict]:
     """What llama.cpp does for templates lacking a capability (lamplight.chat.caps): system
     messages folded into the next user turn ("system text\nuser text"), tool-call arguments as
     JSON text, null content as "" for templates that cannot take null."""
-    if getattr(caps, "requires_non_null_content", False):
+    if caps.requires_non_null_content:
         messages = [{**message, "content": ""} if message.get("content") is None else message
                     for message in messages]
     if not caps.supports_system_role:

@@ -68,8 +68,12 @@ def plan_reasoning(markers: ReasoningMarkers | None, reasoning_format: str, prom
     inside its thinking, lamplight.chat.prefill)."""
     if markers is None or reasoning_format == "none":
         return None
-    opened = continues_thinking or prompt.rstrip().endswith(markers.start.rstrip())
-    return ReasoningPlan(markers, reasoning_format, opened)
+    return ReasoningPlan(markers, reasoning_format, continues_thinking or opens_thinking(prompt, markers))
+
+
+def opens_thinking(prompt: str, markers: ReasoningMarkers) -> bool:
+    """The prompt ends with the start marker: its generation prompt opened the thinking."""
+    return prompt.rstrip().endswith(markers.start.rstrip())
 
 
 def marker_prefix_length(text: str, marker: str) -> int:

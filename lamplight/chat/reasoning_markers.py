@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lamplight.chat.prefill import dedicated_section
+
 
 @dataclass(frozen=True)
 class ReasoningMarkers:
@@ -66,8 +68,6 @@ def _dedicated_format_markers(source: str) -> ReasoningMarkers | None:
     format which thinks in one of the families' markers (Kimi K2 and LFM2: `<think>`; Devstral,
     as Ministral 3: `[THINK]`): that family. (Formats with markers of their own, Kimi K3's and
     Muse Glimmer's, are not split here.)"""
-    from lamplight.chat.prefill import dedicated_section
-
     section = dedicated_section(source)
     if section is None:
         return None

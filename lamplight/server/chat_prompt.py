@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from lamplight.chat import ChatTemplateError
-from lamplight.chat.reasoning import plan_reasoning
+from lamplight.chat.reasoning import opens_thinking, plan_reasoning
 from lamplight.sampling.reasoning_budget import ReasoningBudgetSpec
 from lamplight.tools import prompt_inputs, template_tools
 
@@ -62,7 +62,7 @@ def continues_thinking(body: dict) -> bool:
 def _close_thinking(prompt: str, chat_template: Any) -> str:
     """The prompt with an open thinking block at its end closed (no budget for thinking)."""
     markers = getattr(chat_template, "reasoning", None)
-    if markers is not None and prompt.rstrip().endswith(markers.start.rstrip()):
+    if markers is not None and opens_thinking(prompt, markers):
         return prompt + markers.end
     return prompt
 

@@ -22,7 +22,7 @@ falls back to content when its parser fails.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .grammar_text import call_schema, lark_json, marker_grammar, marker_lark, markers_lark, one_of
 from .json_scan import JsonMalformed, Node, minify, partial_string_value, scan_value, skip_ws
@@ -68,6 +68,45 @@ def hold_back(text: str, markers: tuple[str, ...]) -> str:
     the separator before a call; it is sent once more text or the end shows it is content)."""
     cut = max((held_prefix(text, m) for m in markers), default=0)
     return text[:len(text) - cut].rstrip()
+
+
+# call_at(text, start, partial) -> (call or None, where the text goes on or None while
+# unfinished), or None when what follows the marker is no call.
+CallAt = Callable[[str, int, bool], "tuple[ToolCall | None, int | None] | None"]
+
+
+def parse_tagged_calls(text: str, partial: bool, marker: str, call_at: CallAt,
+                       trim_before: bool = False) -> ParsedMessage:
+    """Text, then calls that each begin with `marker` (whitespace or text between them);
+    `trim_before` drops the whitespace that ends the text before a call."""
+    content: list[str] = []
+    calls: list[ToolCall] = []
+    pos = 0
+    while True:
+        at = text.find(marker, pos)
+        if at < 0:
+            rest = text[pos:]
+            if calls and not rest.strip():
+                rest = ""
+            content.append(hold_back(rest, (marker,)) if partial else rest)
+            break
+        before = text[pos:at]
+        if not calls or before.strip():
+            content.append(before.rstrip() if trim_before else before)
+        outcome = call_at(text, at + len(marker), partial)
+        if outcome is None:  # not a call: the rest is content
+            content.append(text[at:])
+            break
+        call, next_pos = outcome
+        if call is not None:
+            calls.append(call)
+        if next_pos is None:  # unfinished (partial)
+            break
+        pos = next_pos
+    joined = "".join(content)
+    if calls and not joined.strip():
+        joined = ""
+    return ParsedMessage(joined, calls)
 
 
 @dataclass(frozen=True)
@@ -246,34 +285,7 @@ class HermesFormat(ToolFormat):
                                                     body + more, [call_json]))
 
     def parse(self, text: str, partial: bool = False) -> ParsedMessage:
-        content: list[str] = []
-        calls: list[ToolCall] = []
-        pos = 0
-        while True:
-            at = text.find(self.OPEN, pos)
-            if at < 0:
-                rest = text[pos:]
-                if calls and not rest.strip():
-                    rest = ""
-                content.append(hold_back(rest, (self.OPEN,)) if partial else rest)
-                break
-            before = text[pos:at]
-            if not calls or before.strip():
-                content.append(before)
-            outcome = self._call_at(text, at + len(self.OPEN), partial)
-            if outcome is None:  # not a call: the rest is content
-                content.append(text[at:])
-                break
-            call, next_pos = outcome
-            if call is not None:
-                calls.append(call)
-            if next_pos is None:  # unfinished (partial)
-                break
-            pos = next_pos
-        joined = "".join(content)
-        if calls and not joined.strip():
-            joined = ""
-        return ParsedMessage(joined, calls)
+        return parse_tagged_calls(text, partial, self.OPEN, self._call_at)
 
     def _call_at(self, text: str, start: int, partial: bool) -> tuple[ToolCall | None, int | None] | None:
         """-> (call, where the text continues; None while unfinished), or None if malformed."""

@@ -43,10 +43,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .formats import GrammarSource, ParsedMessage, ToolFormat, hold_back
+from .formats import GrammarSource, ParsedMessage, ToolFormat, parse_tagged_calls
 from .grammar_text import lark_json, lark_literal, marker_grammar, marker_lark
 from .spec import ToolCall, ToolSpec
 
@@ -71,14 +70,6 @@ def is_glm(source: str) -> bool:
 
 class _Malformed(Exception):
     pass
-
-
-@dataclass(frozen=True)
-class _Progress:
-    """Where a call's parse stopped: `end` is where the text continues (None: unfinished)."""
-
-    call: ToolCall | None
-    end: int | None
 
 
 class _XmlCallsFormat(ToolFormat):
@@ -112,38 +103,17 @@ class _XmlCallsFormat(ToolFormat):
     def _call_rules(self, rule: str, tool: ToolSpec) -> list[str]:
         raise NotImplementedError
 
-    def _call_at(self, text: str, pos: int, partial: bool) -> "_Progress":
+    def _call_at(self, text: str, pos: int, partial: bool) -> tuple[ToolCall | None, int | None]:
         raise NotImplementedError
 
     def parse(self, text: str, partial: bool = False) -> ParsedMessage:
-        content: list[str] = []
-        calls: list[ToolCall] = []
-        pos = 0
-        while True:
-            at = text.find(OPEN, pos)
-            if at < 0:
-                rest = text[pos:]
-                if calls and not rest.strip():
-                    rest = ""
-                content.append(hold_back(rest, (OPEN,)) if partial else rest)
-                break
-            before = text[pos:at]
-            if not calls or before.strip():
-                content.append(before.rstrip())  # the blank line the templates put before a call
-            try:
-                progress = self._call_at(text, at + len(OPEN), partial)
-            except _Malformed:  # not a call: the rest is content
-                content.append(text[at:])
-                break
-            if progress.call is not None:
-                calls.append(progress.call)
-            if progress.end is None:  # unfinished (partial)
-                break
-            pos = progress.end
-        joined = "".join(content)
-        if calls and not joined.strip():
-            joined = ""
-        return ParsedMessage(joined, calls)
+        return parse_tagged_calls(text, partial, OPEN, self._call_or_none, trim_before=True)
+
+    def _call_or_none(self, text: str, pos: int, partial: bool) -> tuple[ToolCall | None, int | None] | None:
+        try:
+            return self._call_at(text, pos, partial)
+        except _Malformed:
+            return None
 
 
 class QwenXmlFormat(_XmlCallsFormat):
@@ -157,13 +127,13 @@ class QwenXmlFormat(_XmlCallsFormat):
         return _call_rules(rule, tool, lark_literal(f"{FUNCTION_OPEN}{tool.name}>\n"), _qwen_parameter_rules,
                            lark_literal(FUNCTION_CLOSE))
 
-    def _call_at(self, text: str, pos: int, partial: bool) -> _Progress:
+    def _call_at(self, text: str, pos: int, partial: bool) -> tuple[ToolCall | None, int | None]:
         pos = _expect(text, _skip_space(text, pos), FUNCTION_OPEN, partial)
         if pos is None:
-            return _Progress(None, None)
+            return (None, None)
         name, pos = _name_at(text, pos, partial)
         if name is None:
-            return _Progress(None, None)
+            return (None, None)
         types = self.types.get(name, {})
         arguments: dict[str, Any] = {}
         while True:
@@ -171,20 +141,20 @@ class QwenXmlFormat(_XmlCallsFormat):
             if text.startswith(FUNCTION_CLOSE, pos):
                 break
             if partial and FUNCTION_CLOSE.startswith(text[pos:]):  # the end, or maybe its start
-                return _Progress(_call(name, arguments, complete=False), None)
+                return (_call(name, arguments, complete=False), None)
             pos = _expect(text, pos, PARAMETER_OPEN, partial)
             if pos is None:
-                return _Progress(_call(name, arguments, complete=False), None)
+                return (_call(name, arguments, complete=False), None)
             key, pos = _name_at(text, pos, partial)
             value, pos = _until(text, pos, PARAMETER_CLOSE, partial) if key is not None else (None, None)
             if value is None:
-                return _Progress(_call(name, arguments, complete=False), None)
+                return (_call(name, arguments, complete=False), None)
             arguments[key] = _value(_strip_one_newline(value), types.get(key))
         pos = _skip_space(text, pos + len(FUNCTION_CLOSE))
         after = _expect(text, pos, CLOSE, partial)
         if after is None:
-            return _Progress(_call(name, arguments, complete=False), None)
-        return _Progress(_call(name, arguments, complete=True), after)
+            return (_call(name, arguments, complete=False), None)
+        return (_call(name, arguments, complete=True), after)
 
 
 def _call(name: str, arguments: dict, complete: bool) -> ToolCall:
@@ -292,11 +262,11 @@ class GlmFormat(_XmlCallsFormat):
         return _call_rules(rule, tool, f'{lark_literal(tool.name)} "\\n"?', _glm_parameter_rules,
                            lark_literal(CLOSE))
 
-    def _call_at(self, text: str, pos: int, partial: bool) -> _Progress:
+    def _call_at(self, text: str, pos: int, partial: bool) -> tuple[ToolCall | None, int | None]:
         ends = [at for at in (text.find("\n", pos), text.find(KEY_OPEN, pos), text.find(CLOSE, pos)) if at >= 0]
         if not ends:  # the name is not known yet
             if partial:
-                return _Progress(None, None)
+                return (None, None)
             raise _Malformed
         name = text[pos:min(ends)].strip()
         if not name or any(c in name for c in "<>{}\"\n"):
@@ -307,16 +277,16 @@ class GlmFormat(_XmlCallsFormat):
         while True:
             pos = _skip_space(text, pos)
             if text.startswith(CLOSE, pos):
-                return _Progress(_call(name, arguments, complete=True), pos + len(CLOSE))
+                return (_call(name, arguments, complete=True), pos + len(CLOSE))
             if partial and CLOSE.startswith(text[pos:]):
-                return _Progress(_call(name, arguments, complete=False), None)
+                return (_call(name, arguments, complete=False), None)
             pos = _expect(text, pos, KEY_OPEN, partial)
             key, pos = _until(text, pos, KEY_CLOSE, partial) if pos is not None else (None, pos)
             if key is not None:
                 pos = _expect(text, _skip_space(text, pos), VALUE_OPEN, partial)
             value, pos = _until(text, pos, VALUE_CLOSE, partial) if key is not None and pos is not None else (None, None)
             if value is None:
-                return _Progress(_call(name, arguments, complete=False), None)
+                return (_call(name, arguments, complete=False), None)
             arguments[key.strip()] = _value(value, types.get(key.strip()))
 
 
