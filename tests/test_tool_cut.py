@@ -70,8 +70,11 @@ def scripted(tmp_path_factory):
     loaded = lamplight.load(str(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf")))
     engine = ScriptedEngine()
     servers = {}
-    qwen_xml = (reference_dir() / "templates" / "Qwen3.5-4B.jinja").read_text(encoding="utf-8")
-    for name, source in (("generic", None), ("hermes", HERMES_TEMPLATE), ("qwen-xml", qwen_xml)):
+    def real(name: str) -> str:
+        return (reference_dir() / "templates" / name).read_text(encoding="utf-8")
+
+    for name, source in (("generic", None), ("hermes", HERMES_TEMPLATE), ("qwen-xml", real("Qwen3.5-4B.jinja")),
+                         ("glm", real("GLM-4.7-Flash.jinja")), ("qwen3", real("Qwen-Qwen3-0.6B.jinja"))):
         model = copy.copy(loaded)
         if source is not None:
             model.chat_template = ChatTemplate(source)
@@ -141,3 +144,36 @@ def test_a_qwen_xml_reply_is_a_tool_call_over_the_api(scripted):
     content, calls, finish = reassemble_stream(events)
     assert (content, finish) == ("Picking.", "tool_calls")
     assert [(c["name"], c["arguments"]) for c in calls] == [("pick", PICK_ARGS)]
+
+
+def test_a_glm_reply_is_a_tool_call_over_the_api(scripted):
+    engine, urls = scripted
+    request = {"messages": [{"role": "user", "content": "hi"}], "tools": TINY_TOOLS, "max_tokens": 100}
+    reply = ("A digit.</think><tool_call>pick<arg_key>n</arg_key><arg_value>1</arg_value>"
+             "<arg_key>unit</arg_key><arg_value>c</arg_value></tool_call>")  # as GLM 4.7 writes it
+    for stream in (False, True):
+        engine.script = script(reply, stop_type="eos")
+        response = httpx.post(f"{urls['glm']}/v1/chat/completions", json={**request, "stream": stream}, timeout=10)
+        if stream:
+            content, calls, finish = reassemble_stream(sse_events(response.text))
+            calls = [(c["name"], c["arguments"]) for c in calls]
+        else:
+            choice = response.json()["choices"][0]
+            content, finish = choice["message"]["content"], choice["finish_reason"]
+            calls = [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"]["tool_calls"]]
+        assert (finish, calls) == ("tool_calls", [("pick", PICK_ARGS)]) and not content
+
+
+def test_a_call_turn_with_null_content_is_accepted_by_qwen3s_template(scripted):
+    """What the openai client sends back after a call: Qwen3's template tests `'</think>' in
+    content` and failed on null."""
+    engine, urls = scripted
+    history = [{"role": "user", "content": "Pick one."},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call_1", "type": "function", "function": {"name": "pick", "arguments": PICK_ARGS}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "7"}]
+    engine.script = script("It is 7.", stop_type="eos")
+    response = httpx.post(f"{urls['qwen3']}/v1/chat/completions", timeout=10,
+                          json={"messages": history, "tools": TINY_TOOLS, "max_tokens": 20})
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == "It is 7."
