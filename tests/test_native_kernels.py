@@ -148,6 +148,23 @@ def test_results_are_batch_invariant(kernels, qtype):
         assert (untouched[:, :16] == 7).all() and (untouched[:, 32:] == 7).all()
 
 
+def test_bad_shapes_and_column_ranges_are_refused(kernels):
+    """The wrapper checks the arrays' shapes (the C side sees no lengths) and lp_qmatmul the
+    column range: a ValueError, never a stray read or write."""
+    packed = pack(random_info(Q.Q4_0, 40, 64))
+    for variant, k in kernels.items():
+        acts = k.quantize(torch.randn(3, 64))
+        with pytest.raises(ValueError, match=f"rows of {k.row_bytes(64)} bytes"):
+            k.matmul_acts(packed, acts[:, :32])
+        with pytest.raises(ValueError, match="at least 3 x 40 float32"):
+            k.matmul_acts(packed, acts, torch.zeros(2, 40))
+        with pytest.raises(ValueError, match="lp_qmatmul: a column range off the groups"):
+            k.matmul_acts(packed, acts, None, 8, 40)
+        with pytest.raises(ValueError, match="a multiple of 32"):
+            k.quantize(torch.randn(3, 48))
+        assert k.matmul_acts(packed, acts).shape == (3, 40), variant
+
+
 def test_many_rows_match_single_rows(kernels):
     """Prompt-sized batches (several row blocks of activations, on every build) give each row's bits."""
     packed = pack(random_info(Q.Q4_1, 48, 1536, seed=4))

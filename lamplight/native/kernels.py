@@ -10,29 +10,20 @@ from pathlib import Path
 
 import torch
 
+from . import abi
+from .abi import QWeight
 from .pack import PackedWeight
-
-
-class QWeight(ctypes.Structure):
-    _fields_ = [("format", ctypes.c_int32), ("n", ctypes.c_int32), ("k", ctypes.c_int32),
-                ("reserved", ctypes.c_int32), ("data", ctypes.c_void_p)]
 
 
 class QKernels:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        lib = ctypes.CDLL(str(self.path))
-        lib.lp_qacts_row_bytes.argtypes = [ctypes.c_int32]
-        lib.lp_qacts_row_bytes.restype = ctypes.c_size_t
-        lib.lp_quantize_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p]
-        lib.lp_quantize_rows.restype = None
-        lib.lp_qmatmul.argtypes = [ctypes.POINTER(QWeight), ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p,
-                                   ctypes.c_int64, ctypes.c_int32, ctypes.c_int32]
-        lib.lp_qmatmul.restype = None
-        lib.lp_qweight_col_align.argtypes = [ctypes.c_int32]
-        lib.lp_qweight_col_align.restype = ctypes.c_int32
-        lib.lp_isa.argtypes = []
-        lib.lp_isa.restype = ctypes.c_char_p
+        lib = abi.declare_matmul(ctypes.CDLL(str(self.path)))
+        # Builds from before the layout export (an old library timed by kernels_bench --lib) load
+        # unchecked, and their lp_qmatmul returns nothing to check.
+        self.checked = hasattr(lib, "lp_abi_layout")
+        if self.checked:
+            abi.check_layout(abi.declare(lib))
         self.lib = lib
         self.isa = lib.lp_isa().decode()
 
@@ -52,6 +43,8 @@ class QKernels:
         """float32 [rows, k] -> quantized activations uint8 [rows, row_bytes(k)]."""
         x = _rows(x)
         rows, k = x.shape
+        if k % 32:
+            raise ValueError(f"rows of width {k}: the quantized activations take a multiple of 32")
         acts = torch.empty(rows, self.row_bytes(k), dtype=torch.uint8)
         self.lib.lp_quantize_rows(x.data_ptr(), x.stride(0), k, rows, acts.data_ptr())
         return acts
@@ -62,10 +55,16 @@ class QKernels:
         rows = acts.shape[0]
         if out is None:
             out = torch.zeros(rows, p.n, dtype=torch.float32)
-        assert out.dtype == torch.float32 and out.stride(1) == 1 and out.shape[1] >= p.n
+        # The C side knows no array lengths: the shapes are checked here.
+        if acts.dtype != torch.uint8 or not acts.is_contiguous() or acts.shape[1:] != (self.row_bytes(p.k),):
+            raise ValueError(f"acts {tuple(acts.shape)} {acts.dtype}: rows of {self.row_bytes(p.k)} bytes expected")
+        if out.dtype != torch.float32 or out.stride(1) != 1 or out.shape[0] < rows or out.shape[1] < p.n:
+            raise ValueError(f"out {tuple(out.shape)} {out.dtype}: at least {rows} x {p.n} float32 expected")
         weight = self.qweight(p)
-        self.lib.lp_qmatmul(ctypes.byref(weight), acts.data_ptr(), rows, out.data_ptr(), out.stride(0),
-                            col_begin, p.n if col_end is None else col_end)
+        rc = self.lib.lp_qmatmul(ctypes.byref(weight), acts.data_ptr(), rows, out.data_ptr(), out.stride(0),
+                                 col_begin, p.n if col_end is None else col_end)
+        if self.checked and rc != abi.LP_OK:
+            raise abi.error(self.lib, rc, "lp_qmatmul")
         return out
 
     def matmul(self, p: PackedWeight, x: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ from ..models.decoder import Decoder, gelu_tanh_fp16_table
 from ..gguf.file import TensorInfo
 from ..models.moe import MoEFeedForward, silu_glu, swiglu_oai
 from . import abi
+from .abi import NativeUnsupported
 
 # The configurable decoder's gate/up combinations the native forward computes. ggml's fp16 GELU
 # table (gemma2) is computed exactly instead of looked up: within fp16 rounding of it.
@@ -28,10 +29,6 @@ _ACTIVATIONS = {silu_glu: abi.LP_ACT_SILU, gelu_tanh_fp16_table: abi.LP_ACT_GELU
                 swiglu_oai: abi.LP_ACT_SWIGLU_OAI}
 
 KV_TYPES = {torch.float32: abi.LP_KV_F32, torch.float16: abi.LP_KV_F16, torch.bfloat16: abi.LP_KV_BF16}
-
-
-class NativeUnsupported(ValueError):
-    """This model (or one of its tensors) has no native path; PyTorch's kernels serve it."""
 
 
 def _ptr(t) -> int | None:
@@ -264,6 +261,7 @@ class NativeModel:
             desc = abi.KV()
             desc.k_type, desc.v_type = KV_TYPES[kv.k[0].dtype], KV_TYPES[kv.v[0].dtype]
             desc.pool_tokens = kv.k[0].shape[1]
+            desc.n_layers = n  # the C side checks the pool has the model's layers
             desc._k = (ctypes.c_void_p * n)(*(t.data_ptr() for t in kv.k))
             desc._v = (ctypes.c_void_p * n)(*(t.data_ptr() for t in kv.v))
             desc.k = ctypes.cast(desc._k, ctypes.POINTER(ctypes.c_void_p))
@@ -282,15 +280,25 @@ class NativeModel:
         positions = batch.positions.contiguous()
         write_slots = batch.kv_write_slots.contiguous()
         logit_rows = batch.logit_rows.contiguous()
+        n_rows = embd.shape[0]
+        # The C side reads int64 [n_rows] arrays and float32 embeddings [n_rows, n_embd]: what it
+        # cannot see (dtypes, lengths) is checked here; the values in them it checks itself.
+        if (embd.dtype != torch.float32 or not embd.is_contiguous() or embd.shape[1] != self.model.config.n_embd
+                or any(t.dtype != torch.int64 or t.numel() != n_rows for t in (positions, write_slots))
+                or logit_rows.dtype != torch.int64 or len(key_offsets) != n_rows):
+            raise ValueError("native forward: the batch's arrays are not int64 [rows] (embeddings float32 [rows, n_embd])")
         logits = torch.empty(logit_rows.numel(), self.model.config.vocab_size)
         scales = np.asarray(self.model.lora_scales.scales, dtype=np.float32) if self._has_loras else None
-        b = abi.Batch(embd.shape[0], logit_rows.numel(), _ptr(embd), _ptr(positions), _ptr(write_slots),
-                      _ptr(key_offsets), _ptr(key_slots), _ptr(logit_rows), _ptr(scales))
-        rc = self.lib.lp_forward(self.handle, ctypes.byref(b), ctypes.byref(self._kv(kv)), logits.data_ptr())
-        if rc == 1:
-            raise NativeUnsupported("the native forward does not handle this model's shapes")
-        if rc != 0:
-            raise ValueError("a position or KV slot of this step is out of range")
+        b = abi.Batch(n_rows=n_rows, n_logits=logit_rows.numel(), n_key_slots=key_slots.size,
+                      n_lora_scales=0 if scales is None else scales.size, embeddings=_ptr(embd),
+                      positions=_ptr(positions), write_slots=_ptr(write_slots), key_offsets=_ptr(key_offsets),
+                      key_slots=_ptr(key_slots), logit_rows=_ptr(logit_rows), lora_scales=_ptr(scales))
+        pool = self._kv(kv)
+        rc = self.lib.lp_forward(self.handle, ctypes.byref(b), ctypes.byref(pool), logits.data_ptr())
+        if rc == abi.LP_ERR_UNSUPPORTED:
+            raise NativeUnsupported(abi.last_error(self.lib)[1])
+        if rc != abi.LP_OK:
+            raise abi.error(self.lib, rc)  # ValueError naming the array, row and value out of range
         return logits
 
 

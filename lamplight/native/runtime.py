@@ -2,7 +2,8 @@
 
 `library()` returns the loaded library of the widest variant this CPU runs (building it on
 first use, in seconds, then cached on disk), or None when it cannot be had (no C++ compiler, a
-failed build, or LAMPLIGHT_NATIVE=0); then lamplight runs on PyTorch's kernels and says so once.
+failed build, a library whose structs do not match abi.py's declarations, or LAMPLIGHT_NATIVE=0);
+then lamplight runs on PyTorch's kernels and says so once.
 
 LAMPLIGHT_NATIVE: unset or `auto` picks the best variant; `0`/`off` disables the native kernels;
 a variant name (`avx512vnni`, `avx2`, `generic`) forces that build.
@@ -28,7 +29,8 @@ _state: dict[str, object] = {"decided": False, "variant": None, "reason": None}
 
 
 def load_variant(variant: str, progress: Callable[[str], None] | None = None) -> ctypes.CDLL:
-    """The library of one variant (built if needed); raises build.BuildError."""
+    """The library of one variant (built if needed), its layout checked against abi.py's ctypes
+    declarations; raises build.BuildError or abi.LayoutMismatch."""
     with _lock:
         lib = _loaded.get(variant)
         if lib is None:
@@ -37,6 +39,7 @@ def load_variant(variant: str, progress: Callable[[str], None] | None = None) ->
             started = time.perf_counter()
             path = build.library_path(variant)
             lib = abi.declare(ctypes.CDLL(str(path)))
+            abi.check_layout(lib)
             _loaded[variant] = lib
             took = time.perf_counter() - started
             if took > 1.0:
@@ -65,7 +68,7 @@ def library(progress: Callable[[str], None] | None = None) -> ctypes.CDLL | None
             try:
                 load_variant(variant, progress)
                 _state["variant"] = variant
-            except (build.BuildError, OSError, AttributeError, subprocess.SubprocessError) as exc:
+            except (build.BuildError, abi.LayoutMismatch, OSError, AttributeError, subprocess.SubprocessError) as exc:
                 _state["reason"] = str(exc).splitlines()[0]
         if _state["variant"] is None:
             log.warning("native kernels unavailable (%s): running on PyTorch's kernels, which are slower",

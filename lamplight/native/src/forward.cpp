@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -169,6 +170,7 @@ inline float silu(float x) { return x / (1.0f + exp_approx(-x)); }
 // Optional wall-clock time per phase (lp_profile), to show where a step's time goes.
 
 enum Phase { P_NORM, P_QKV, P_ROPE_KV, P_ATTENTION, P_WO, P_RESIDUAL, P_GATE_UP, P_ACTIVATION, P_DOWN, P_HEAD, P_COUNT };
+static_assert((int)P_COUNT == (int)LP_PROFILE_PHASES, "forward.h's LP_PROFILE_PHASES (and abi.PROFILE_PHASES) name every phase");
 bool profiling = false;
 double phase_ms[P_COUNT] = {0};
 
@@ -207,6 +209,7 @@ struct Model {
     vector<int> moe_selected;
     vector<float> moe_weights, moe_outputs, moe_x, moe_gate_up, moe_act, moe_y;
     vector<vector<int>> moe_rows;
+    int32_t n_adapters = 0;  // the largest LoRA adapter index + 1: a step's lora_scales need as many
 };
 
 template <class T>
@@ -275,7 +278,7 @@ void linear(const LpLinear& lin, const float* x, int n_rows, float* y, vector<ui
         if (part.dense)
             dense_columns(part, x, n_rows, yp, ldy, ch.begin, ch.end);
         else
-            lp_qmatmul(&part.w, acts.data(), n_rows, yp, ldy, ch.begin, ch.end);
+            lp::qmatmul(&part.w, acts.data(), n_rows, yp, ldy, ch.begin, ch.end);
         if (lin.bias)
             for (int r = 0; r < n_rows; r++)
                 for (int c = ch.begin; c < ch.end; c++) yp[(int64_t)r * ldy + c] += lin.bias[ch.offset + c];
@@ -304,7 +307,7 @@ void add_loras(const LpLinear& lin, const float* x, int n_rows, float* y, const 
             const LpLora& lora = lin.loras[i];
             float s = scales[lora.adapter] * lora.factor;
             if (s == 0.0f) continue;
-            float t[256];
+            float t[LP_MAX_LORA_RANK];
             for (int j = 0; j < lora.rank; j++) t[j] = dot(xr, lora.a + (int64_t)j * k, k);
             for (int c = 0; c < lora.n_out; c++) yr[lora.out_offset + c] += s * dot(lora.b + (int64_t)c * lora.rank, t, lora.rank);
         }
@@ -573,7 +576,7 @@ void top_k(const float* values, int n, int k, int* chosen) {
 
 // One row's experts and weights (llama.cpp's gating), from the router's float32 logits.
 void route(const LpExperts& ex, const float* x, int E, int* chosen, float* weights) {
-    float logits[1024];
+    float logits[LP_MAX_EXPERTS];
     for (int e = 0; e < ex.n_expert; e++)
         logits[e] = dot(x, ex.router + (int64_t)e * E, E) + (ex.router_bias ? ex.router_bias[e] : 0.0f);
     int k = ex.n_used;
@@ -625,7 +628,7 @@ void moe_forward(Model& m, const LpExperts& ex, const LpBatch& b, const float* x
         for (int i = 0; i < n; i++) std::memcpy(outputs + (int64_t)rows[i] * E, y + (int64_t)i * E, E * sizeof(float));
     }
     for_rows(T, [&](int r, int) {
-        int order[64];
+        int order[LP_MAX_EXPERTS_USED];
         for (int j = 0; j < K; j++) order[j] = j;
         std::sort(order, order + K, [&](int a, int b2) { return chosen[r * K + a] < chosen[r * K + b2]; });
         float* o = out + (int64_t)r * E;
@@ -641,7 +644,7 @@ void moe_forward(Model& m, const LpExperts& ex, const LpBatch& b, const float* x
 // h += o (times the residual scale), through the layer's post-norm first if it has one.
 void add_residual(float* hr, const float* o, const float* post_norm, const LpConfig& c) {
     int E = c.n_embd;
-    float tmp[8192];
+    float tmp[LP_MAX_EMBD];
     if (post_norm) {
         rms_norm(o, post_norm, c.rms_eps, E, tmp);
         o = tmp;
@@ -721,44 +724,16 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpL
     timer.lap(P_DOWN);
 }
 
-}  // namespace
-
-extern "C" {
-
-void* lp_model_new(const LpConfig* config, const LpLayer* layers) {
-    Model* m = new Model();
-    m->cfg = *config;
-    m->layers.assign(layers, layers + config->n_layers);
-    return m;
-}
-
-void lp_model_free(void* model) { delete (Model*)model; }
-
-int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* logits) {
-    Model& m = *(Model*)model;
+// The step itself, once its batch is checked.
+void forward(Model& m, const LpBatch& b, const LpKV& kv, float* logits) {
     const LpConfig& c = m.cfg;
-    const LpBatch& b = *batch;
     int T = b.n_rows, E = c.n_embd;
-    if (E > 8192 || c.head_dim_k > 1024 || c.head_dim_k % 8 != 0) return 1;
-    // Out-of-range positions or pool slots would read or write past the tables: refuse the step.
-    int64_t run_max = -1;  // the largest position among the rows sharing one key list so far
-    for (int r = 0; r < T; r++) {
-        int64_t pos = b.positions[r];
-        if (pos < 0 || pos >= c.rope_max_pos || b.write_slots[r] < 0 || b.write_slots[r] >= kv->pool_tokens) return 2;
-        run_max = std::max(run_max, pos);
-        if (r + 1 < T && b.key_offsets[r + 1] == b.key_offsets[r]) continue;
-        for (int64_t p = 0; p <= run_max; p++) {
-            int64_t slot = b.key_slots[b.key_offsets[r] + p];
-            if (slot < 0 || slot >= kv->pool_tokens) return 2;
-        }
-        run_max = -1;
-    }
     float* h = grow(m.h, (size_t)T * E);
     grow(m.x, (size_t)T * E);
     for_rows(T, [&](int r, int) {
         for (int i = 0; i < E; i++) h[(int64_t)r * E + i] = b.embeddings[(int64_t)r * E + i] * c.embd_scale;
     });
-    for (int li = 0; li < c.n_layers; li++) layer_forward(m, li, b, *kv, li > 0 ? &m.layers[li - 1] : nullptr);
+    for (int li = 0; li < c.n_layers; li++) layer_forward(m, li, b, kv, li > 0 ? &m.layers[li - 1] : nullptr);
     PhaseTimer timer;
     // Only the logit rows need the last layer's output and the final norm.
     const LpLayer& last = m.layers[c.n_layers - 1];
@@ -780,8 +755,193 @@ int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* log
                 for (int j = 0; j < c.vocab; j++) row[j] = std::tanh(row[j] / c.final_softcap) * c.final_softcap;
         });
     timer.lap(P_HEAD);
-    lp::pool_park();
-    return 0;
+}
+
+// -- checks at the C boundary -----------------------------------------------------------------
+// The caller's data is checked before it is used: a description or an index the forward would
+// read or write out of bounds with is an LP_ERR_* code and a message (lp_last_error), never a
+// stray access. The model once, in lp_model_new; each step's indices in lp_forward (integer
+// compares over the rows and the key slots they read, next to a step's matmuls: nothing).
+
+// A linear reading `k` inputs and writing `n_out` outputs: its parts and LoRA adapters add up
+// and stay within the forward's limits. Raises n_adapters to its adapters' largest index + 1.
+int32_t check_linear(const LpLinear& lin, const char* name, int64_t k, int64_t n_out, int32_t& n_adapters) {
+    if (lin.n_parts < 1 || lin.n_parts > LP_MAX_PARTS)
+        return lp::fail(LP_ERR_MODEL, "%s: %d parts (1 to %d)", name, lin.n_parts, LP_MAX_PARTS);
+    int64_t sum = 0;
+    for (int p = 0; p < lin.n_parts; p++) {
+        const LpLinearPart& part = lin.parts[p];
+        bool packed = part.dense == nullptr;
+        if (part.w.k != k || part.w.n < 0 || (packed && (!part.w.data || k % 32 != 0)) ||
+            (packed && part.w.format != LP_W4 && part.w.format != LP_W8 && part.w.format != LP_W8_32))
+            return lp::fail(LP_ERR_MODEL, "%s: part %d (format %d, %d x %d, %s) does not take %lld inputs", name, p,
+                            part.w.format, part.w.n, part.w.k, packed ? "packed" : "dense", (long long)k);
+        sum += part.w.n;
+    }
+    if (sum != lin.n_out || lin.n_out != n_out)
+        return lp::fail(LP_ERR_MODEL, "%s: %lld outputs in its parts, n_out %d, %lld expected", name, (long long)sum,
+                        lin.n_out, (long long)n_out);
+    if (lin.n_loras < 0 || (lin.n_loras > 0 && !lin.loras))
+        return lp::fail(LP_ERR_MODEL, "%s: n_loras %d without adapters", name, lin.n_loras);
+    for (int i = 0; i < lin.n_loras; i++) {
+        const LpLora& lora = lin.loras[i];
+        if (lora.adapter < 0 || lora.rank < 0 || lora.rank > LP_MAX_LORA_RANK || lora.out_offset < 0 || lora.n_out < 0 ||
+            (int64_t)lora.out_offset + lora.n_out > lin.n_out || (lora.rank > 0 && (!lora.a || !lora.b)))
+            return lp::fail(LP_ERR_MODEL, "%s: LoRA %d (adapter %d, rank %d up to %d, columns %d + %d of %d) is out of range",
+                            name, i, lora.adapter, lora.rank, LP_MAX_LORA_RANK, lora.out_offset, lora.n_out, lin.n_out);
+        n_adapters = std::max(n_adapters, lora.adapter + 1);
+    }
+    return LP_OK;
+}
+
+int32_t check_experts(const LpExperts& ex, const LpConfig& c, int li, int32_t& n_adapters) {
+    if (ex.n_expert < 1 || ex.n_expert > LP_MAX_EXPERTS || ex.n_used < 1 || ex.n_used > ex.n_expert ||
+        ex.n_used > LP_MAX_EXPERTS_USED || ex.n_ff < 1 || !ex.router || !ex.gate_up || !ex.down)
+        return lp::fail(LP_ERR_MODEL, "layer %d: %d experts (up to %d), %d used (up to %d), width %d", li, ex.n_expert,
+                        LP_MAX_EXPERTS, ex.n_used, LP_MAX_EXPERTS_USED, ex.n_ff);
+    char name[64];
+    for (int e = 0; e < ex.n_expert; e++) {
+        std::snprintf(name, sizeof name, "layer %d expert %d gate_up", li, e);
+        if (int32_t rc = check_linear(ex.gate_up[e], name, c.n_embd, 2 * (int64_t)ex.n_ff, n_adapters)) return rc;
+        std::snprintf(name, sizeof name, "layer %d expert %d down", li, e);
+        if (int32_t rc = check_linear(ex.down[e], name, ex.n_ff, c.n_embd, n_adapters)) return rc;
+    }
+    return LP_OK;
+}
+
+int32_t check_layer(const LpLayer& layer, const LpConfig& c, int li, int32_t& n_adapters) {
+    int64_t dk = c.head_dim_k, dv = c.head_dim_v, E = c.n_embd;
+    if (layer.rope < 0 || layer.rope > 1 || !c.rope_cos[layer.rope] || !c.rope_sin[layer.rope] || layer.window < 0)
+        return lp::fail(LP_ERR_MODEL, "layer %d: rope table %d (0 or 1, both tables set), window %d", li, layer.rope,
+                        layer.window);
+    char name[64];
+    std::snprintf(name, sizeof name, "layer %d qkv", li);
+    int64_t n_qkv = (c.n_heads + c.n_kv_heads) * dk + c.n_kv_heads * dv;
+    if (int32_t rc = check_linear(layer.qkv, name, E, n_qkv, n_adapters)) return rc;
+    std::snprintf(name, sizeof name, "layer %d wo", li);
+    if (int32_t rc = check_linear(layer.wo, name, c.n_heads * dv, E, n_adapters)) return rc;
+    if (layer.moe) return check_experts(*layer.moe, c, li, n_adapters);
+    std::snprintf(name, sizeof name, "layer %d gate_up", li);
+    if (int32_t rc = check_linear(layer.gate_up, name, E, 2 * (int64_t)c.n_ff, n_adapters)) return rc;
+    std::snprintf(name, sizeof name, "layer %d down", li);
+    return check_linear(layer.down, name, c.n_ff, E, n_adapters);
+}
+
+// The whole description; sets m.n_adapters.
+int32_t check_model(Model& m) {
+    const LpConfig& c = m.cfg;
+    if (c.n_layers < 1 || c.n_embd < 1 || c.n_heads < 1 || c.n_kv_heads < 1 || c.n_heads % c.n_kv_heads != 0 ||
+        c.head_dim_k < 1 || c.head_dim_v < 1 || c.n_ff < 0 || c.vocab < 1 || c.n_rot < 0 || c.n_rot % 2 != 0 ||
+        c.n_rot > c.head_dim_k || c.rope_max_pos < 0 || !c.output_norm)
+        return lp::fail(LP_ERR_MODEL, "config: %d layers, width %d, %d heads over %d KV heads, head sizes %d/%d, "
+                        "%d rotated, vocabulary %d", c.n_layers, c.n_embd, c.n_heads, c.n_kv_heads, c.head_dim_k,
+                        c.head_dim_v, c.n_rot, c.vocab);
+    m.n_adapters = 0;
+    for (int li = 0; li < c.n_layers; li++)
+        if (int32_t rc = check_layer(m.layers[li], c, li, m.n_adapters)) return rc;
+    return check_linear(c.head, "head", c.n_embd, c.vocab, m.n_adapters);
+}
+
+int32_t check_pool(const LpKV& kv, const LpConfig& c) {
+    auto known = [](int32_t type) { return type == LP_KV_F32 || type == LP_KV_F16 || type == LP_KV_BF16; };
+    if (kv.n_layers != c.n_layers || !kv.k || !kv.v || kv.pool_tokens < 0 || !known(kv.k_type) || !known(kv.v_type))
+        return lp::fail(LP_ERR_ARGUMENT, "the KV pool (%d layers, %lld tokens, types %d/%d) is not one for this model "
+                        "(%d layers)", kv.n_layers, (long long)kv.pool_tokens, kv.k_type, kv.v_type, c.n_layers);
+    return LP_OK;
+}
+
+int32_t check_counts(const Model& m, const LpBatch& b) {
+    if (b.n_rows < 0 || b.n_logits < 0 || b.n_key_slots < 0 || b.n_lora_scales < 0)
+        return lp::fail(LP_ERR_ARGUMENT, "negative counts in the batch (rows %d, logits %d, key slots %lld, LoRA scales %d)",
+                        b.n_rows, b.n_logits, (long long)b.n_key_slots, b.n_lora_scales);
+    bool rows = b.n_rows > 0;
+    if ((rows && (!b.embeddings || !b.positions || !b.write_slots || !b.key_offsets)) ||
+        (b.n_key_slots > 0 && !b.key_slots) || (b.n_logits > 0 && !b.logit_rows) ||
+        (b.n_lora_scales > 0 && !b.lora_scales))
+        return lp::fail(LP_ERR_ARGUMENT, "a null array in a batch of %d rows", b.n_rows);
+    // Adapter indices are the model's (checked once): a step's scales must cover the largest.
+    if (b.lora_scales && m.n_adapters > b.n_lora_scales)
+        return lp::fail(LP_ERR_LORA_ADAPTER, "LoRA adapter %d is out of range: lora_scales holds %d", m.n_adapters - 1,
+                        b.n_lora_scales);
+    return LP_OK;
+}
+
+// Every index the step reads from the batch's arrays: positions (RoPE tables), write slots and
+// key slots (the pool), key offsets (key_slots), logit rows (the rows).
+int32_t check_batch(const Model& m, const LpBatch& b, const LpKV& kv) {
+    const LpConfig& c = m.cfg;
+    if (int32_t rc = check_pool(kv, c)) return rc;
+    if (int32_t rc = check_counts(m, b)) return rc;
+    const int T = b.n_rows;
+    int64_t run_max = -1;  // the largest position among the rows sharing one key list so far
+    for (int r = 0; r < T; r++) {
+        int64_t pos = b.positions[r];
+        if (pos < 0 || pos >= c.rope_max_pos)
+            return lp::fail(LP_ERR_POSITION, "positions[%d] = %lld is out of range [0, %d)", r, (long long)pos,
+                            c.rope_max_pos);
+        if (b.write_slots[r] < 0 || b.write_slots[r] >= kv.pool_tokens)
+            return lp::fail(LP_ERR_WRITE_SLOT, "write_slots[%d] = %lld is out of range [0, %lld)", r,
+                            (long long)b.write_slots[r], (long long)kv.pool_tokens);
+        run_max = std::max(run_max, pos);
+        if (r + 1 < T && b.key_offsets[r + 1] == b.key_offsets[r]) continue;
+        // The run's rows read key_slots[offset + p] for p <= run_max (fewer with a window).
+        int64_t offset = b.key_offsets[r];
+        if (offset < 0 || offset > b.n_key_slots - 1 - run_max)
+            return lp::fail(LP_ERR_KEY_OFFSET, "key_offsets[%d] = %lld is out of range: position %lld reads key_slots[%lld] "
+                            "of [0, %lld)", r, (long long)offset, (long long)run_max, (long long)(offset + run_max),
+                            (long long)b.n_key_slots);
+        for (int64_t p = 0; p <= run_max; p++) {
+            int64_t slot = b.key_slots[offset + p];
+            if (slot < 0 || slot >= kv.pool_tokens)
+                return lp::fail(LP_ERR_KEY_SLOT, "key_slots[%lld] = %lld (row %d, position %lld) is out of range [0, %lld)",
+                                (long long)(offset + p), (long long)slot, r, (long long)p, (long long)kv.pool_tokens);
+        }
+        run_max = -1;
+    }
+    for (int i = 0; i < b.n_logits; i++)
+        if (b.logit_rows[i] < 0 || b.logit_rows[i] >= T)
+            return lp::fail(LP_ERR_LOGIT_ROW, "logit_rows[%d] = %lld is out of range [0, %d)", i, (long long)b.logit_rows[i], T);
+    return LP_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+void* lp_model_new(const LpConfig* config, const LpLayer* layers) {
+    if (!config || !layers || config->n_layers < 1) {
+        lp::fail(LP_ERR_MODEL, "lp_model_new: no config or no layers");
+        return nullptr;
+    }
+    Model* m = nullptr;
+    int32_t rc = lp::guarded([&] {
+        m = new Model();
+        m->cfg = *config;
+        m->layers.assign(layers, layers + config->n_layers);
+        return check_model(*m);
+    });
+    if (rc == LP_OK) return m;
+    delete m;
+    return nullptr;
+}
+
+void lp_model_free(void* model) { delete (Model*)model; }
+
+int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* logits) {
+    if (!model || !batch || !kv || (!logits && batch->n_logits > 0))
+        return lp::fail(LP_ERR_ARGUMENT, "lp_forward: a null model, batch, KV pool or logits");
+    Model& m = *(Model*)model;
+    const LpConfig& c = m.cfg;
+    if (c.n_embd > LP_MAX_EMBD || c.head_dim_k > LP_MAX_HEAD_DIM || c.head_dim_k % 8 != 0)
+        return lp::fail(LP_ERR_UNSUPPORTED, "width %d (up to %d) or key head size %d (a multiple of 8 up to %d)",
+                        c.n_embd, LP_MAX_EMBD, c.head_dim_k, LP_MAX_HEAD_DIM);
+    if (int32_t rc = check_batch(m, *batch, *kv)) return rc;
+    int32_t rc = lp::guarded([&] {
+        forward(m, *batch, *kv, logits);
+        return (int32_t)LP_OK;
+    });
+    lp::pool_park();  // after a failure too: the workers sleep rather than spin
+    return rc;
 }
 
 int64_t lp_model_scratch_bytes(void* model) {
@@ -801,7 +961,12 @@ int32_t lp_profile(int32_t enable, double* out) {
     return P_COUNT;
 }
 
-void lp_set_threads(int32_t n) { lp::pool_set_threads(n); }
+int32_t lp_set_threads(int32_t n) {
+    return lp::guarded([&] {
+        lp::pool_set_threads(n);
+        return (int32_t)LP_OK;
+    });
+}
 
 int32_t lp_get_threads(void) { return lp::pool_threads(); }
 }

@@ -7,9 +7,21 @@
 #pragma once
 #include <stdint.h>
 
+#include "boundary.h"
 #include "qmatmul.h"
 
 extern "C" {
+
+// Limits of the forward (its fixed-size arrays), mirrored by lamplight/native/abi.py.
+enum {
+    LP_MAX_PARTS = 3,           // weights in one fused linear
+    LP_MAX_EXPERTS = 1024,      // experts of a mixture-of-experts layer
+    LP_MAX_EXPERTS_USED = 64,   // experts one row uses
+    LP_MAX_LORA_RANK = 256,
+    LP_MAX_EMBD = 8192,         // n_embd
+    LP_MAX_HEAD_DIM = 1024,     // head_dim_k
+    LP_PROFILE_PHASES = 10      // phases lp_profile times
+};
 
 // One weight of a linear layer: packed (w.format != 0) or dense float32 [w.n, w.k] (`dense`).
 typedef struct LpLinearPart {
@@ -34,7 +46,7 @@ typedef struct LpLora {
 typedef struct LpLinear {
     int32_t n_parts;
     int32_t n_out;  // sum of the parts' n
-    LpLinearPart parts[3];
+    LpLinearPart parts[LP_MAX_PARTS];
     const float* bias;  // [n_out] or null
     int32_t n_loras;
     int32_t reserved;
@@ -93,16 +105,21 @@ typedef struct LpConfig {
     LpLinear head;
 } LpConfig;
 
+// Every array the step reads comes with its length (the rows' arrays have n_rows entries), and
+// lp_forward checks every index into them before any work: a bad one is an LP_ERR_* code.
 typedef struct LpBatch {
     int32_t n_rows;
     int32_t n_logits;
+    int64_t n_key_slots;          // entries of key_slots
+    int32_t n_lora_scales;        // entries of lora_scales
+    int32_t reserved;
     const float* embeddings;      // [n_rows, n_embd], before the model's embedding scale
     const int64_t* positions;     // [n_rows]
     const int64_t* write_slots;   // [n_rows] pool index of each row's K/V
     const int64_t* key_offsets;   // [n_rows] where the row's key slots start in key_slots
     const int64_t* key_slots;     // pool index of key position p of row r: key_slots[key_offsets[r] + p]
     const int64_t* logit_rows;    // [n_logits]
-    const float* lora_scales;     // this step's scale per adapter (null: none loaded)
+    const float* lora_scales;     // [n_lora_scales] this step's scale per adapter (null: none loaded)
 } LpBatch;
 
 typedef struct LpKV {
@@ -110,8 +127,14 @@ typedef struct LpKV {
     int64_t pool_tokens;     // per layer: [n_kv_heads, pool_tokens, head_dim]
     void* const* k;          // [n_layers]
     void* const* v;
+    int32_t n_layers;        // entries of k and v (the model's layer count)
+    int32_t reserved;
 } LpKV;
 
+// Every entry point below catches its C++ exceptions: a failure is an LP_ERR_* code (or null
+// from lp_model_new), with lp_last_error saying what failed.
+
+// The model, or null if its description is one the forward cannot run (lp_last_error says why).
 void* lp_model_new(const LpConfig* config, const LpLayer* layers);
 void lp_model_free(void* model);
 // Logits [n_logits, vocab] for the batch's logit rows; K/V of every row written to the pool.
@@ -123,6 +146,12 @@ int64_t lp_model_scratch_bytes(void* model);
 // phase into out (if not null: norm, qkv, rope_kv, attention, wo, residual, gate_up, activation,
 // down, head) and resets them. Returns the number of phases.
 int32_t lp_profile(int32_t enable, double* out);
-void lp_set_threads(int32_t n);
+int32_t lp_set_threads(int32_t n);  // LP_OK, or fewer threads than asked (lp_get_threads says how many)
 int32_t lp_get_threads(void);
+
+// The layout of every struct and constant lamplight/native/abi.py mirrors, one line each:
+// "LpBatch 80" (sizeof), "LpBatch.n_rows 0 4" (a field's offsetof and sizeof), "LP_KV_F16 1"
+// (a constant). Python compares it with its ctypes declarations when it loads the library.
+// Null if it could not be written (out of memory).
+const char* lp_abi_layout(void);
 }

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -36,6 +37,9 @@ struct Pool {
     // Set between forward steps: workers sleep at once instead of spinning, so they leave the
     // cores to PyTorch's sampling and to other processes.
     std::atomic<bool> parked{true};
+    // The first exception a task of the current phase threw (any thread), for run() to rethrow.
+    std::atomic<bool> failed{false};
+    std::exception_ptr error;
 
     ~Pool() { resize(0); }
 
@@ -59,9 +63,32 @@ struct Pool {
             int64_t task = (int64_t)(cur & kMask24);
             if (task >= (int64_t)((cur >> 24) & kMask24)) return;
             if (!claim.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) continue;
-            (*fn)(task, thread);
+            try {
+                (*fn)(task, thread);
+            } catch (...) {
+                keep_first(std::current_exception());
+            }
             done.fetch_add(1, std::memory_order_acq_rel);
         }
+    }
+
+    void keep_first(std::exception_ptr e) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!failed.load(std::memory_order_relaxed)) error = std::move(e);
+        failed.store(true, std::memory_order_release);
+    }
+
+    // After a phase: rethrow what one of its tasks threw (the phase is over: fn is not used again).
+    void rethrow_failure() {
+        if (!failed.load(std::memory_order_acquire)) return;
+        std::exception_ptr e;
+        {
+            std::lock_guard<std::mutex> lock(mutex);
+            e = std::move(error);
+            error = nullptr;
+            failed.store(false, std::memory_order_relaxed);
+        }
+        std::rethrow_exception(e);
     }
 
     void worker(int thread) {
@@ -106,6 +133,7 @@ struct Pool {
         }
         work(gen, 0);
         while (done.load(std::memory_order_acquire) < count) LP_PAUSE();
+        rethrow_failure();
     }
 };
 

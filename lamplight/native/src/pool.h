@@ -13,9 +13,13 @@ namespace lp {
 
 using TaskFn = std::function<void(int64_t task, int thread)>;
 
-void pool_set_threads(int n);  // total threads including the caller (>= 1)
+// Total threads including the caller (>= 1); throws std::system_error if the OS gives fewer
+// (pool_threads() then says how many run).
+void pool_set_threads(int n);
 int pool_threads();
-// Run fn(task, thread) for task in [0, n_tasks); returns when all are done.
+// Run fn(task, thread) for task in [0, n_tasks); returns when all are done. If tasks threw, the
+// first exception is rethrown here, on the calling thread, once every task has finished (one
+// escaping a worker thread would terminate the process).
 void parallel_for(int64_t n_tasks, const TaskFn& fn);
 // The step is over: workers sleep now rather than spin (until the next parallel_for).
 void pool_park();

@@ -511,19 +511,24 @@ void run_group(const GroupKernel& kern, const uint8_t* grp, int nblk, const uint
     }
 }
 
-}  // namespace
-
-extern "C" {
-
-size_t lp_qacts_row_bytes(int32_t k) { return acts_bytes(k); }
-
-void lp_quantize_rows(const float* x, int64_t ldx, int32_t k, int32_t n_rows, uint8_t* acts) {
-    const size_t row_bytes = acts_bytes(k);
-    for (int32_t r = 0; r < n_rows; ++r) quantize_row(x + r * ldx, k, acts + r * row_bytes);
+// Why lp_qmatmul refuses w and the column range, or null if it takes them (an end past n is
+// clamped to n).
+const char* qmatmul_refusal(const lp_qweight* w, int32_t n_rows, int32_t col_begin, int32_t col_end) {
+    if (!w || !w->data) return "a null weight";
+    if (group_kernel(w->format, load_i32(w->data + LP_HEADER_FLAGS_OFFSET)).fn == nullptr) return "an unknown format";
+    if (w->n < 0 || w->k <= 0 || w->k % 32 != 0) return "n or k (k must be a positive multiple of 32)";
+    if (n_rows < 0) return "a negative row count";
+    if (col_begin < 0 || col_begin > std::min(col_end, w->n)) return "a column range outside [0, n)";
+    if (col_begin % kGroup != 0 || (col_end < w->n && col_end % kGroup != 0)) return "a column range off the groups";
+    return nullptr;
 }
 
-void lp_qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y, int64_t ldy,
-                int32_t col_begin, int32_t col_end) {
+}  // namespace
+
+namespace lp {
+
+void qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y, int64_t ldy, int32_t col_begin,
+             int32_t col_end) {
     const int32_t flags = load_i32(w->data + LP_HEADER_FLAGS_OFFSET);
     const GroupKernel kern = group_kernel(w->format, flags);
     if (kern.fn == nullptr) return;
@@ -540,6 +545,28 @@ void lp_qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float*
             run_group(kern, w->data + LP_HEADER_BYTES + size_t(c0 / kGroup) * stride, nblk, acts, row_bytes, w->k,
                       rb, rb_end, y, ldy, c0, std::min(kGroup, col_end - c0));
     }
+}
+
+}  // namespace lp
+
+extern "C" {
+
+size_t lp_qacts_row_bytes(int32_t k) { return acts_bytes(k); }
+
+void lp_quantize_rows(const float* x, int64_t ldx, int32_t k, int32_t n_rows, uint8_t* acts) {
+    const size_t row_bytes = acts_bytes(k);
+    for (int32_t r = 0; r < n_rows; ++r) quantize_row(x + r * ldx, k, acts + r * row_bytes);
+}
+
+int32_t lp_qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y, int64_t ldy,
+                   int32_t col_begin, int32_t col_end) {
+    if (const char* refusal = qmatmul_refusal(w, n_rows, col_begin, col_end))
+        return lp::fail(LP_ERR_ARGUMENT, "lp_qmatmul: %s (format %d, n %d, k %d, rows %d, columns [%d, %d))", refusal,
+                        w ? w->format : 0, w ? w->n : 0, w ? w->k : 0, n_rows, col_begin, col_end);
+    return lp::guarded([&] {
+        lp::qmatmul(w, acts, n_rows, y, ldy, col_begin, col_end);
+        return (int32_t)LP_OK;
+    });
 }
 
 int32_t lp_qweight_col_align(int32_t) { return kGroup; }

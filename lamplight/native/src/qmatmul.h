@@ -23,6 +23,8 @@ The header's int32 at LP_HEADER_FLAGS_OFFSET holds the flags (LP_FLAG_MIN, LP_FL
 #include <stddef.h>
 #include <stdint.h>
 
+#include "boundary.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -43,9 +45,12 @@ typedef struct lp_qweight {
 size_t lp_qacts_row_bytes(int32_t k);
 /* Quantize n_rows rows of x (row stride ldx floats) into acts (rows at stride lp_qacts_row_bytes(k)). */
 void lp_quantize_rows(const float* x, int64_t ldx, int32_t k, int32_t n_rows, uint8_t* acts);
-/* y[r*ldy + c] = sum_i x[r,i] w[c,i] for r < n_rows and col_begin <= c < col_end (other columns untouched). */
-void lp_qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y, int64_t ldy,
-                int32_t col_begin, int32_t col_end);
+/* y[r*ldy + c] = sum_i x[r,i] w[c,i] for r < n_rows and col_begin <= c < col_end (other columns
+untouched). Returns LP_OK, or LP_ERR_ARGUMENT for an unknown format, a k that is not a multiple of
+32 or a column range outside [0, n) or off the column groups (nothing written then); the caller
+sizes acts (n_rows rows of lp_qacts_row_bytes(k)) and y. */
+int32_t lp_qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y, int64_t ldy,
+                   int32_t col_begin, int32_t col_end);
 /* col_begin must be a multiple of this (col_end too, unless it is n). */
 int32_t lp_qweight_col_align(int32_t format);
 /* "avx512vnni", "avx2" or "generic": the code path this build runs. */
@@ -53,6 +58,13 @@ const char* lp_isa(void);
 
 #ifdef __cplusplus
 }
+
+namespace lp {
+/* lp_qmatmul without its argument checks and exception guard, for the forward pass (its callers
+pass valid weights; an exception reaches the forward's own guard). */
+void qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y, int64_t ldy, int32_t col_begin,
+             int32_t col_end);
+}  // namespace lp
 #endif
 
 #endif
