@@ -16,12 +16,44 @@ def reference_dir() -> Path:
     return Path(env) if env else REPO_ROOT.parent / "shared" / "reference"
 
 
+def missing_reference(path: Path) -> str:
+    """The skip reason for absent reference data: the whole folder when that is what is missing
+    (one reason for every test that needs it), else the one file."""
+    base = reference_dir()
+    if not base.is_dir():
+        return f"no reference data at {base} (set LAMPLIGHT_REFERENCE to the shared/reference folder)"
+    return f"reference data {path} is not present"
+
+
+def reference_path(name: str) -> Path:
+    """A file or folder under the reference data. Where it is absent this skips: the test when
+    called from one, the whole module when called at import (collection never fails)."""
+    __tracebackhide__ = True  # the skip is reported at the line of the test file that needed the data
+    path = reference_dir() / name
+    if not path.exists():
+        pytest.skip(missing_reference(path), allow_module_level=True)
+    return path
+
+
+def reference_text(name: str) -> str:
+    __tracebackhide__ = True
+    return reference_path(name).read_text(encoding="utf-8")
+
+
 def load_jsonl(name: str) -> list[dict]:
+    __tracebackhide__ = True
+    with open(reference_path(name), encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def reference_params(name: str, values=lambda rows: rows) -> list:
+    """Parametrize values read from the reference file `name` (`values` picks them from its rows).
+    Where it is absent: one skipped parameter naming it, so that only the tests parametrized by it
+    skip and the rest of the module still runs."""
     path = reference_dir() / name
     if not path.is_file():
-        pytest.skip(f"reference data {path} is not present")
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return [pytest.param(None, id="no-reference-data", marks=pytest.mark.skip(reason=missing_reference(path)))]
+    return values(load_jsonl(name))
 
 
 @pytest.fixture(scope="session")

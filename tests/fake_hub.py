@@ -2,13 +2,16 @@
 find and download files (point HF_ENDPOINT at it): model info with file sizes and LFS sha256s,
 HEAD/GET of `resolve/` URLs with ETags, commits and byte ranges, and the Hub's error headers
 (`X-Error-Code`) for a missing repo, a missing file and a gated repo. It can also misbehave: cut
-transfers off, stall one mid-way (for Ctrl-C), ignore Range requests, serve corrupt bytes."""
+transfers off, stall them mid-way until released (for Ctrl-C), ignore Range requests, serve
+corrupt bytes."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import re
+import select
+import socket
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,7 +27,9 @@ class FakeRepo:
     corrupt: set[str] = field(default_factory=set)  # served bytes differ from the reported sha256
     # GETs of a file, in turn, send at most these many body bytes and drop the connection; then whole
     cut_after: dict[str, list[int]] = field(default_factory=dict)
-    hold_after: dict[str, int] = field(default_factory=dict)  # first GET stalls after N bytes until hub.release
+    # GETs of a file send no byte past offset N and stall there until hub.release is set (or the
+    # client hangs up), then drop the connection
+    hold_after: dict[str, int] = field(default_factory=dict)
     ignore_range: bool = False  # answer Range requests with 200 and the whole file
 
 
@@ -32,7 +37,8 @@ class FakeHub:
     def __init__(self, repos: dict[str, FakeRepo]):
         self.repos = repos
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
-        self.release = threading.Event()  # lets a stalled transfer (hold_after) go on
+        self.holding = threading.Event()  # set once a transfer stalls at its hold_after offset
+        self.release = threading.Event()  # ends the stalls (hold_after) and serves files whole from then on
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -103,17 +109,37 @@ class FakeHub:
         if not body:
             return
         cuts = repo.cut_after.get(name)
-        hold = None if cuts else repo.hold_after.pop(name, None)
-        cut = cuts.pop(0) if cuts else hold
-        if cut is None:
+        hold = repo.hold_after.get(name)
+        if cuts:
+            self._send_part(handler, served[start:start + cuts.pop(0)])
+        elif hold is not None and start <= hold and not self.release.is_set():
+            self._send_part(handler, served[start:hold], stall=True)
+        else:
             handler.wfile.write(served[start:])
-            return
-        handler.wfile.write(served[start:start + cut])  # part of the body, then (a stall and) a dropped connection
+
+    def _send_part(self, handler, part: bytes, stall: bool = False) -> None:
+        """Part of the body, then (a stall and) a dropped connection."""
+        handler.wfile.write(part)
         handler.wfile.flush()
-        if hold is not None:
-            self.release.wait(timeout=60)
+        if stall:
+            self.holding.set()
+            _wait_for_release_or_hangup(handler.connection, self.release)
         handler.close_connection = True
-        handler.connection.shutdown(2)
+        try:
+            handler.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:  # the client is gone already
+            pass
+
+
+def _wait_for_release_or_hangup(connection: socket.socket, release: threading.Event) -> None:
+    """However long it takes: the test decides when the stall ends, never a timer."""
+    while not release.wait(0.05):
+        readable, _, _ = select.select([connection], [], [], 0)
+        try:
+            if readable and not connection.recv(1, socket.MSG_PEEK):
+                return  # the client closed the connection (a Ctrl-C'd process exits)
+        except OSError:
+            return
 
 
 def _model_info(repo_id: str, repo: FakeRepo) -> dict:

@@ -8,6 +8,7 @@ import copy
 
 import httpx
 import pytest
+from conftest import reference_text
 from test_server_support import ScriptedEngine, ServerThread, sse_events
 from test_tool_cut import script
 from tiny_gguf import write_tiny_llama
@@ -17,14 +18,12 @@ from lamplight.chat import ChatTemplate
 from lamplight.chat.answer_wrappers import COMMAND_R7B, GRANITE
 from lamplight.server import ServerSettings, ServerState
 
-TEMPLATES = "/work/shared/reference/templates/"
 R7B = "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja"
 GRANITE_33 = "ibm-granite-granite-3.3-2B-Instruct.jinja"
 
 
 def template(name: str) -> ChatTemplate:
-    with open(TEMPLATES + name, encoding="utf-8") as handle:
-        return ChatTemplate(handle.read())
+    return ChatTemplate(reference_text(f"templates/{name}"))
 
 
 @pytest.mark.parametrize("name, wrapper", [(R7B, COMMAND_R7B), (GRANITE_33, GRANITE),

@@ -4,11 +4,10 @@ to the day the renderings were made (strftime_now, date_string)."""
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 
 import pytest
-from conftest import reference_dir
+from conftest import load_jsonl, reference_dir
 
 import lamplight.chat.template as template_module
 from lamplight.chat import ChatTemplate
@@ -16,7 +15,6 @@ from lamplight.server.chat_prompt import render_chat_prompt
 from lamplight.server.errors import ApiError
 
 TEMPLATES = reference_dir() / "templates"
-RENDERINGS = TEMPLATES / "renderings.jsonl"
 RENDERED_ON = datetime(2026, 12, 1, 12, 0, 0)
 
 # Pairs lamplight renders differently from llama.cpp, on purpose or not yet reproduced (README),
@@ -24,13 +22,7 @@ RENDERED_ON = datetime(2026, 12, 1, 12, 0, 0)
 KNOWN_DIFFERENCES: dict[tuple[str, str], str] = {}
 
 
-def _rows() -> list[dict]:
-    if not RENDERINGS.exists():
-        return []
-    return [json.loads(line) for line in RENDERINGS.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-ROWS = _rows()
+ROWS = load_jsonl("templates/renderings.jsonl")  # every test here needs them: absent, the module skips
 _TEMPLATES: dict[str, ChatTemplate] = {}
 
 
@@ -51,7 +43,6 @@ def _render(row: dict) -> str:
     return render_chat_prompt(row["body"], _template(row["template"]), for_generation=False)
 
 
-@pytest.mark.skipif(not ROWS, reason="shared/reference/templates/renderings.jsonl is not available")
 @pytest.mark.parametrize("row", ROWS, ids=lambda row: f"{row['template']}-{row['case']}")
 def test_rendering_matches_llama_cpp(row):
     if row["status"] != 200:

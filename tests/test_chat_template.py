@@ -17,7 +17,7 @@ from lamplight.chat import (
 )
 from lamplight.chat.messages import adapt_to_template
 from lamplight.chat.prefill import ThinkingSection
-from conftest import load_jsonl
+from conftest import reference_params
 
 CONVERSATION = [
     {"role": "system", "content": "S"},
@@ -53,7 +53,8 @@ def test_smollm2_template_comes_from_the_gguf(smollm2, smollm2_metadata):
     assert smollm2.supports_tools is False
 
 
-@pytest.mark.parametrize("case", load_jsonl("smollm2.templates.jsonl"), ids=lambda case: repr(case["messages"])[:60])
+@pytest.mark.parametrize("case", reference_params("smollm2.templates.jsonl"),
+                         ids=lambda case: repr(case["messages"])[:60])
 def test_smollm2_reference_renderings(smollm2, case):
     prompt = smollm2.render(case["messages"], add_generation_prompt=case["add_generation_prompt"])
     assert prompt == case["prompt"]

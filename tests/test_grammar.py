@@ -13,15 +13,15 @@ import re
 import jsonschema
 import pytest
 import torch
-
-from lamplight.grammar import GrammarCompiler, GrammarError, fill_masks
-from lamplight.grammar.corpus import (
+from grammar_corpus import (
     GBNF_CASES,
     INVALID_GBNF,
     INVALID_SCHEMAS,
     SCHEMA_CASES,
     UNENFORCEABLE_SCHEMAS,
 )
+
+from lamplight.grammar import GrammarCompiler, GrammarError, fill_masks
 from lamplight.grammar.walk import closing_tokens, random_walk
 
 pytestmark = pytest.mark.real_model
@@ -260,6 +260,17 @@ def test_gbnf_token_reference_by_text(compiler, tokenizer):
     assert allowed_ids(matcher, tokenizer.vocab_size) == {1}
     with pytest.raises(GrammarError, match="invalid token"):
         compiler.compile_gbnf("root ::= <two tokens>")
+
+
+def test_grammar_bench_runs_on_its_corpus_grammars(compiler, closing):
+    """tests/grammar_bench.py (a developer's tool, not collected) still finds its grammars in the
+    corpus and times one masked step per step asked for."""
+    import grammar_bench
+
+    schema, gbnf = grammar_bench.corpus_grammars()
+    for compiled in (compiler.compile_json_schema(schema), compiler.compile_gbnf(gbnf)):
+        first, timings = grammar_bench.bench_batch(compiled, batch=2, steps=4, closing=closing)
+        assert first > 0 and len(timings) == 4 and all(t > 0 for t in timings)
 
 
 def test_gemma_vocabulary(gemma3_path):

@@ -147,20 +147,27 @@ def test_a_download_cut_off_in_one_run_resumes_in_the_next(tmp_path):
 
 def test_ctrl_c_keeps_the_partial_download_for_the_next_run(tmp_path):
     big = os.urandom(3 * 2**20)
-    with FakeHub({BIG: FakeRepo({BIG_FILE: big}, hold_after={BIG_FILE: 2**20 + 777})}) as hub:
-        process = subprocess.Popen([sys.executable, "-m", "lamplight.cli", "pull", BIG], env=_env(hub.url, tmp_path),
+    # The transfer stalls at `hold` until the test releases it, after the Ctrl-C, however slow the
+    # machine. The margin past 1 MiB is for the bytes the client's file buffer holds until it closes.
+    hold = 2**20 + 2**18
+    with FakeHub({BIG: FakeRepo({BIG_FILE: big}, hold_after={BIG_FILE: hold})}) as hub:
+        # No read timeout during the stall either: a retry would not be the Ctrl-C this test is about.
+        env = {**_env(hub.url, tmp_path), "HF_HUB_DOWNLOAD_TIMEOUT": "3600"}
+        process = subprocess.Popen([sys.executable, "-m", "lamplight.cli", "pull", BIG], env=env,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         partial = _partial(tmp_path, big)
-        deadline = time.monotonic() + 60
-        while not (partial.exists() and partial.stat().st_size >= 2**20):  # the transfer stalls past 1 MiB
+        deadline = time.monotonic() + 120
+        while not (hub.holding.is_set() and partial.exists() and partial.stat().st_size >= 2**20):
             assert process.poll() is None and time.monotonic() < deadline, process.communicate()
             time.sleep(0.05)
         process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=60)
+        _, stderr = process.communicate(timeout=120)
+        hub.release.set()  # the next run gets the rest
         assert process.returncode == 1 and "Traceback" not in stderr, stderr
         assert f"download of {BIG}/{BIG_FILE} interrupted; run again to resume" in stderr
         kept = partial.stat().st_size
-        assert 2**20 <= kept <= 2**20 + 777 and partial.read_bytes() == big[:kept]
+        assert 2**20 <= kept <= hold and partial.read_bytes() == big[:kept]
+        assert _gets(hub) == [None]  # one GET, stalled until the Ctrl-C
         hub.requests.clear()
         second = lamplight(["pull", BIG], hub.url, tmp_path)
     assert second.returncode == 0, second.stderr

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from conftest import reference_dir
+from conftest import reference_text
 
 from lamplight.chat import ChatTemplate
 from lamplight.cli import _startup_problem, build_parser, server_settings
@@ -20,10 +20,7 @@ CHAT = {"messages": [{"role": "user", "content": "What is 2 + 2?"}]}
 
 
 def _template(name: str) -> ChatTemplate:
-    path = reference_dir() / "templates" / name
-    if not path.is_file():
-        pytest.skip(f"{path} is not available")
-    return ChatTemplate(path.read_text(encoding="utf-8"), bos_token="<|im_start|>", eos_token="<|im_end|>", name=name)
+    return ChatTemplate(reference_text(f"templates/{name}"), bos_token="<|im_start|>", eos_token="<|im_end|>", name=name)
 
 
 def test_budget_zero_sets_enable_thinking_false_unless_the_request_says():

@@ -4,13 +4,14 @@ served by uvicorn on 127.0.0.1, exercised with httpx and the official openai cli
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 
 import httpx
 import openai
 import pytest
-from conftest import load_jsonl
+from conftest import load_jsonl, reference_params
 from test_server_support import ServerThread, assert_error, sse_events
 from tiny_gguf import write_tiny_llama
 
@@ -98,8 +99,18 @@ def chunk_kinds(events: list) -> list:
 
 # -- matching the captured llama-server examples ---------------------------------------------
 
-EXAMPLES = {e["name"]: e for e in load_jsonl("llama-server-examples.jsonl")}
+EXAMPLES_FILE = "llama-server-examples.jsonl"
 SKIPPED_EXAMPLES = {"slots"}  # /slots is the engine's slots_json(); see test_slots
+
+
+@functools.cache
+def _captured_examples() -> dict[str, dict]:
+    return {e["name"]: e for e in load_jsonl(EXAMPLES_FILE)}
+
+
+def captured_example(name: str) -> dict:
+    """A captured llama-server exchange, read when a test needs it: the rest run without the data."""
+    return _captured_examples()[name]
 
 
 def _adapted_request(example: dict):
@@ -113,9 +124,10 @@ def _adapted_request(example: dict):
     return request
 
 
-@pytest.mark.parametrize("name", [n for n in EXAMPLES if n not in SKIPPED_EXAMPLES])
+@pytest.mark.parametrize("name", reference_params(
+    EXAMPLES_FILE, lambda rows: [r["name"] for r in rows if r["name"] not in SKIPPED_EXAMPLES]))
 def test_matches_llama_server_example(client, name):
-    example = EXAMPLES[name]
+    example = captured_example(name)
     response = client.request(example["method"], example["path"], json=_adapted_request(example))
     assert response.status_code == example["status"], response.text
     if "sse" in example:
@@ -447,7 +459,7 @@ def test_slots_match_llama_server_example_after_a_task(client):
     for slot in range(4):
         client.post("/completion", json={"prompt": "hi", "n_predict": 2, "id_slot": slot, "ignore_eos": True})
     ours = client.get("/slots").json()
-    theirs = EXAMPLES["slots"]["response"]
+    theirs = captured_example("slots")["response"]
     for entry in ours:
         assert entry["is_processing"] is False
         assert_same_shape(entry, theirs[0])

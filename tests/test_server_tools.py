@@ -208,7 +208,7 @@ def test_calls_cut_by_max_tokens_come_back_as_calls(chatml, stream):
         calls = [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"].get("tool_calls", [])]
     assert finish == "length"
     assert not content, content
-    assert calls == uncut[:len(calls)]
+    assert calls and calls == uncut[:len(calls)]  # this seed's cut falls after the first call's end
 
 
 def test_tool_choice_none_neither_constrains_nor_parses(chatml):

@@ -10,10 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import jsonschema
 import pytest
+from grammar_corpus import GBNF_CASES, SCHEMA_CASES
 from test_server_support import model_server
 
 from lamplight.grammar import GrammarCompiler
-from lamplight.grammar.corpus import GBNF_CASES, SCHEMA_CASES
 
 pytestmark = pytest.mark.real_model
 

@@ -9,7 +9,7 @@ import copy
 
 import httpx
 import pytest
-from conftest import reference_dir
+from conftest import missing_reference, reference_dir
 from test_server_support import ScriptedEngine, ServerThread, sse_events
 from test_server_tools import HERMES_TEMPLATE, TINY_TOOLS, reassemble_stream
 from tiny_gguf import write_tiny_llama
@@ -65,23 +65,36 @@ def script(text: str, stop_type: str = "limit", piece: int = 5) -> list:
     return tokens + [_final(text, len(pieces), stop_type)]
 
 
+REAL_TEMPLATES = {"qwen-xml": "Qwen3.5-4B.jinja", "glm": "GLM-4.7-Flash.jinja", "qwen3": "Qwen-Qwen3-0.6B.jinja"}
+
+
+class ServerUrls(dict):
+    """Each server's URL by template. A real template absent from the reference data has no
+    server: only the tests asking for it skip, naming the missing file."""
+
+    def __missing__(self, name: str):
+        __tracebackhide__ = True  # reported at the test's line
+        pytest.skip(missing_reference(reference_dir() / "templates" / REAL_TEMPLATES[name]))
+
+
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory):
     loaded = lamplight.load(str(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf")))
     engine = ScriptedEngine()
     servers = {}
-    def real(name: str) -> str:
-        return (reference_dir() / "templates" / name).read_text(encoding="utf-8")
-
-    for name, source in (("generic", None), ("hermes", HERMES_TEMPLATE), ("qwen-xml", real("Qwen3.5-4B.jinja")),
-                         ("glm", real("GLM-4.7-Flash.jinja")), ("qwen3", real("Qwen-Qwen3-0.6B.jinja"))):
+    sources = {"generic": None, "hermes": HERMES_TEMPLATE}
+    for name, file in REAL_TEMPLATES.items():
+        path = reference_dir() / "templates" / file
+        if path.is_file():
+            sources[name] = path.read_text(encoding="utf-8")
+    for name, source in sources.items():
         model = copy.copy(loaded)
         if source is not None:
             model.chat_template = ChatTemplate(source)
         state = ServerState(ServerSettings())
         state.attach(model, engine)
         servers[name] = ServerThread(state).start()
-    yield engine, {name: server.url for name, server in servers.items()}
+    yield engine, ServerUrls({name: server.url for name, server in servers.items()})
     for server in servers.values():
         server.stop()
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import reference_dir
+from conftest import reference_path
 from test_tools import compile_plan, tiny, walk  # noqa: F401 (tiny is a fixture)
 
 from lamplight.chat import ChatTemplate
@@ -21,9 +21,8 @@ from lamplight.server.chat_prompt import render_chat_prompt
 from lamplight.tools import detect_format, plan_tool_calling, prompt_inputs
 from lamplight.tools.polyfill import call_example
 
-TEMPLATES = reference_dir() / "templates"
+TEMPLATES = reference_path("templates")  # every test here reads them: absent, the module skips
 NAMES = sorted(path.name for path in TEMPLATES.glob("*.jinja"))
-pytestmark = pytest.mark.skipif(not NAMES, reason="shared/reference/templates/ is not available")
 
 # The detected format of every reference template before the DeepSeek change (recorded then).
 BEFORE = {

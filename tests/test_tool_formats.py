@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import reference_text
 from test_tools import test_streamed_deltas_reassemble_to_the_final_message as check_streamed_deltas
 from test_tools import compile_plan, plan, reassemble, tiny, walk  # noqa: F401 (tiny is a fixture)
 
@@ -24,8 +25,6 @@ from lamplight.tools import (
     detect_format,
     message_json,
 )
-
-TEMPLATES = "/work/shared/reference/templates/"
 
 DEEPSEEK_R1_TWO = (
     "Let me look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
@@ -108,11 +107,16 @@ def test_streamed_deltas_reassemble_to_the_final_message(fmt, text, _content):
 
 @pytest.mark.parametrize("fmt, text", [(fmt, text) for fmt, text, _ in RECORDED])
 def test_cut_replies_keep_their_finished_calls(fmt, text):
+    expected = [(c.name, c.arguments) for c in fmt.parse(text).tool_calls]
+    assert len(expected) == 2  # every recorded reply holds two calls
+    found = []
     for cut in range(1, len(text)):
         parsed = fmt.parse_cut(text[:cut])
-        expected = [(c.name, c.arguments) for c in fmt.parse(text).tool_calls]
         assert [(c.name, c.arguments) for c in parsed.tool_calls] == expected[:len(parsed.tool_calls)]
         assert fmt.triggers[0] not in parsed.content  # never the wire text
+        found.append(len(parsed.tool_calls))
+    # Each call appears once it is finished and stays: the first one before the reply ends.
+    assert found == sorted(found) and found[-1] >= 1
 
 
 def one_call(fmt) -> str:
@@ -172,8 +176,7 @@ def test_grammars(tiny, fmt):
     ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", "deepseek-r1"),
 ])
 def test_detected_from_the_real_templates(template, name):
-    with open(TEMPLATES + template, encoding="utf-8") as handle:
-        assert detect_format(ChatTemplate(handle.read())).name == name
+    assert detect_format(ChatTemplate(reference_text(f"templates/{template}"))).name == name
 
 
 def test_deepseek_v31_detection_by_its_source():
@@ -192,8 +195,7 @@ def test_deepseek_v31_detection_by_its_source():
 def test_template_caps_for_props(template, tool_calls, parallel):
     from lamplight.server.routes_misc import _template_caps
 
-    with open(TEMPLATES + template, encoding="utf-8") as handle:
-        caps = _template_caps(ChatTemplate(handle.read()))
+    caps = _template_caps(ChatTemplate(reference_text(f"templates/{template}")))
     assert (caps["supports_tool_calls"], caps["supports_parallel_tool_calls"]) == (tool_calls, parallel)
 
 

@@ -9,6 +9,7 @@ import copy
 
 import httpx
 import pytest
+from conftest import reference_text
 from test_server_support import ScriptedEngine, ServerThread, sse_events
 from test_server_tools import reassemble_stream
 from test_tool_cut import script
@@ -21,7 +22,7 @@ from lamplight.chat import ChatTemplate
 from lamplight.server import ServerSettings, ServerState
 from lamplight.tools import HarmonyFormat
 
-TEMPLATE = "/work/shared/reference/templates/openai-gpt-oss-120b.jinja"
+TEMPLATE = "templates/openai-gpt-oss-120b.jinja"  # in the reference data
 HARMONY = HarmonyFormat()
 
 # The harmony guide's function call: thinking, then the call in the commentary channel (the
@@ -106,8 +107,7 @@ THOUGHT_CALL = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>a
 @pytest.fixture(scope="module")
 def harmony_server(tmp_path_factory):
     model = copy.copy(lamplight.load(str(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf"))))
-    with open(TEMPLATE, encoding="utf-8") as handle:
-        model.chat_template = ChatTemplate(handle.read())
+    model.chat_template = ChatTemplate(reference_text(TEMPLATE))
     engine = ScriptedEngine()
     state = ServerState(ServerSettings())
     state.attach(model, engine)

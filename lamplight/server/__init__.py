@@ -10,7 +10,7 @@ the model loads in the background. Module map:
 - generation: engine handles of one request, merged events, cancellation
 - responses_native, responses_openai, probs, generation_settings: JSON result shapes
 - stream_formats, sse: streamed answers
-- settings (incl. RequestLimits), state, errors, json_io, model_info, metrics, launcher: the rest
+- settings (incl. RequestLimits), state, errors, json_codec, json_io, model_info, metrics, launcher: the rest
 - connections: idle and request-head timeouts for uvicorn's connections
 """
 

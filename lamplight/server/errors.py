@@ -8,7 +8,7 @@ from starlette.responses import Response
 
 from lamplight.engine.types import ContextExceededError, EngineError, InvalidRequestError, QueueFullError
 
-from .json_io import json_response
+from .json_codec import json_response  # not json_io: that one raises these errors
 
 ERROR_TYPES = {
     400: "invalid_request_error",

@@ -1,7 +1,8 @@
 """Grammars and JSON schemas that constrained generation must handle, kept as data.
 
-The unit tests drive matchers over them with random walks; the end-to-end tests send them
-to the server (`grammar` / `json_schema` / `response_format`) and check the outputs.
+The unit tests (test_grammar.py) drive matchers over them with random walks; the end-to-end
+tests (test_structured_output.py) send them to the server (`grammar` / `json_schema` /
+`response_format`) and check the outputs; grammar_bench.py times masks on two of them.
 Every string length, repetition count and array size is bounded so that a valid output fits
 in about 200 tokens. `check` is a regular expression a valid output matches in full
 (a spot check on top of the grammar itself), or None where a regex cannot say it.

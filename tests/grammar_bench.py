@@ -1,9 +1,12 @@
-"""Mask time per token at steady state: `python -m lamplight.grammar.bench [--steps N]`.
+"""Mask time per token at steady state: `python tests/grammar_bench.py [--steps N]`.
 
 For each vocabulary and grammar: B sequences walk the grammar (random allowed tokens, see
-walk.py); each step times one `fill_masks` call for the whole batch. A finished sequence
-restarts, so every step masks B live rows. The first step of each grammar (cold caches) is
-reported apart.
+lamplight/grammar/walk.py); each step times one `fill_masks` call for the whole batch. A
+finished sequence restarts, so every step masks B live rows. The first step of each grammar
+(cold caches) is reported apart.
+
+It lives beside the test corpus it draws its grammars from (grammar_corpus.py): a developer's
+tool, not part of the package.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ import random
 import statistics
 import time
 
-from .compiler import GrammarCompiler
-from .corpus import GBNF_CASES, SCHEMA_CASES
-from .matcher import fill_masks
-from .walk import closing_tokens, pick_token
+from grammar_corpus import GBNF_CASES, SCHEMA_CASES
+
+from lamplight.grammar.compiler import GrammarCompiler
+from lamplight.grammar.matcher import fill_masks
+from lamplight.grammar.walk import closing_tokens, pick_token
 
 MODELS = {"smollm2": "smollm2-135m-instruct", "gemma3": "gemma-3-270m"}
 SCHEMA = "array-of-objects"
@@ -62,14 +66,20 @@ def report(label: str, batch: int, first: float, timings: list[float]) -> None:
     )
 
 
+def corpus_grammars() -> tuple[dict, str]:
+    """The JSON schema and the GBNF grammar this bench times, from the test corpus."""
+    schema = next(case.schema for case in SCHEMA_CASES if case.name == SCHEMA)
+    gbnf = next(case.grammar for case in GBNF_CASES if case.name == GBNF)
+    return schema, gbnf
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="smollm2,gemma3")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--batches", default="1,16")
     args = parser.parse_args()
-    schema = next(case.schema for case in SCHEMA_CASES if case.name == SCHEMA)
-    gbnf = next(case.grammar for case in GBNF_CASES if case.name == GBNF)
+    schema, gbnf = corpus_grammars()
     for name in args.models.split(","):
         tokenizer = load_tokenizer(MODELS[name])
         compiler = GrammarCompiler(tokenizer)
