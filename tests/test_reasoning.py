@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import reference_dir
+from conftest import reference_text
 
+from lamplight.chat.families import detect_family
 from lamplight.chat.reasoning import plan_reasoning
-from lamplight.chat.reasoning_markers import detect_reasoning_markers
 
 QWEN3_PROMPT = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
 R1_PROMPT = "<｜User｜>Hi<｜Assistant｜><think>\n"  # the generation prompt opens the thinking
+
+
+def detect_reasoning_markers(source: str):
+    """The thinking markers a template with this source has (its family's, lamplight.chat.families)."""
+    return detect_family(source).reasoning
+
 
 FAMILIES = [
     # (template text naming the markers, prompt, reply, reasoning, content)
@@ -74,7 +80,7 @@ def test_a_prefill_with_reasoning_only_continues_inside_the_thinking():
     from lamplight.chat import ChatTemplate
     from lamplight.server.chat_prompt import continues_thinking
 
-    qwen3 = ChatTemplate(open(reference_dir() / "templates" / "Qwen-Qwen3-0.6B.jinja").read())
+    qwen3 = ChatTemplate(reference_text("templates/Qwen-Qwen3-0.6B.jinja"))
     body = {"messages": [{"role": "user", "content": "2+2?"},
                          {"role": "assistant", "content": "", "reasoning_content": "Two and two"}]}
     prompt = qwen3.render(body["messages"])
@@ -95,5 +101,5 @@ def test_a_prefill_with_reasoning_only_continues_inside_the_thinking():
 def test_templates_think_as_llama_cpp_s_format_for_them_does(name, family):
     # Kimi K2, LFM2 and Devstral never name a thinking marker, but llama.cpp's dedicated formats
     # for them split <think> / [THINK] blocks; Kimi K3's own markers are not split here.
-    markers = detect_reasoning_markers((reference_dir() / "templates" / name).read_text(encoding="utf-8"))
+    markers = detect_reasoning_markers(reference_text(f"templates/{name}"))
     assert (markers.family if markers else None) == family

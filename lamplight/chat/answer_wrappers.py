@@ -1,10 +1,12 @@
 """Markers some templates put around the answer, taken off the chat content as llama.cpp's
 parsers do (whatever `reasoning_format` and whether tools are used):
 
-| family       | detected by (llama.cpp's format detection)       | answer                                   |
-|--------------|---------------------------------------------------|------------------------------------------|
-| Command R7B  | `<|END_THINKING|><|START_ACTION|>`               | `<|START_RESPONSE|>...<|END_RESPONSE|>` |
-| Granite 3.x  | `elif thinking` and `<|tool_call|>`               | `<response>...</response>`               |
+| family       | answer                                   |
+|--------------|------------------------------------------|
+| Command R7B  | `<|START_RESPONSE|>...<|END_RESPONSE|>` |
+| Granite 3.x  | `<response>...</response>`               |
+
+The family that has one is found with llama.cpp's format detection (lamplight.chat.families).
 
 The markers go, the text around them stays (llama.cpp adds what comes before the opening marker
 to the content too). A reply without the opening marker is left as it is.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lamplight.chat.reasoning import marker_prefix_length
+from lamplight.chat.text import marker_prefix_length
 
 
 @dataclass(frozen=True)
@@ -38,10 +40,3 @@ class AnswerWrapper:
 COMMAND_R7B = AnswerWrapper("<|START_RESPONSE|>", "<|END_RESPONSE|>")
 GRANITE = AnswerWrapper("<response>", "</response>")
 
-
-def detect_answer_wrapper(source: str) -> AnswerWrapper | None:
-    if "<|END_THINKING|><|START_ACTION|>" in source:
-        return COMMAND_R7B
-    if "elif thinking" in source and "<|tool_call|>" in source:
-        return GRANITE
-    return None

@@ -12,7 +12,8 @@ with the answer (or, for a message with reasoning_content but no content, with t
 around the reasoning. Where they come from follows llama.cpp's choice of chat format
 (common/chat.cpp):
 - templates that llama.cpp gives a dedicated format, recognised by markers in their source
-  (`common_chat_try_specialized_template`), use that format's fixed markers: `FORMATS` below;
+  (`common_chat_try_specialized_template`), use that format's fixed markers: their family's
+  `thinking` (lamplight.chat.families);
 - every other template is analysed the way llama.cpp's chat auto-parser does it
   (`analyze_reasoning` in common/chat-diff-analyzer.cpp): rendered with and without a probe
   reasoning text (the markers around it, with their whitespace), with `enable_thinking` false
@@ -35,6 +36,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Callable
+
+from lamplight.chat.reasoning_markers import THINK
+from lamplight.chat.text import common_prefix_length
 
 # render(messages, add_generation_prompt, tools, extra) -> text, or None when the template fails
 Render = Callable[[list[dict], bool, list[dict] | None, dict | None], str | None]
@@ -69,69 +73,18 @@ class ThinkingSection:
 NO_THINKING = ThinkingSection()
 
 
-@dataclass(frozen=True)
-class _Format:
-    """A chat format llama.cpp handles with a dedicated parser: every marker is in the template
-    source, none of `absent` is."""
-
-    name: str
-    markers: tuple[str, ...]
-    section: ThinkingSection
-    absent: tuple[str, ...] = ()
-
-    def matches(self, source: str) -> bool:
-        return all(m in source for m in self.markers) and not any(m in source for m in self.absent)
-
-
-_THINK_TAGS = ThinkingSection("<think>", "</think>")
-_QWEN_THINKING = ThinkingSection("<think>\n", "\n</think>\n\n")
-
-# In llama.cpp's order of detection; the sections are what its parsers write for a continuation.
-FORMATS = (
-    _Format("Ministral 3", ("[SYSTEM_PROMPT]", "[TOOL_CALLS]", "[ARGS]"), ThinkingSection("[THINK]", "[/THINK]"),
-            absent=("[CALL_ID]",)),
-    _Format("gpt-oss", ("<|channel|>",), ThinkingSection(
-        "<|channel|>analysis<|message|>", "<|end|><|start|>assistant<|channel|>final<|message|>")),
-    _Format("Muse Glimmer", ("<atem:function_calls>", "<|eom|>"),
-            ThinkingSection(" to=self<|message|>", "<|eom|><|start|>assistant to=user<|message|>")),
-    _Format("Functionary v3.2", (">>>all", ">>>${recipient}"), ThinkingSection(bare="all\n")),
-    _Format("Kimi K2", ("<|tool_calls_section_begin|>", "<|tool_call_begin|>"), _THINK_TAGS),
-    _Format("Kimi K3", ("<|open|>", "<|close|>", "<|end_of_msg|>"),
-            ThinkingSection("<|open|>think<|sep|>", "<|close|>think<|sep|><|open|>response<|sep|>")),
-    _Format("Cohere2 MoE", ("<|START_TEXT|>", "<|START_ACTION|>"),
-            ThinkingSection("<|START_THINKING|>", "<|END_THINKING|><|START_TEXT|>")),
-    _Format("LFM2", ("<|tool_list_start|>", "<|tool_list_end|>"), _THINK_TAGS),
-    _Format("LFM2.5", ("List of tools: [",), _THINK_TAGS, absent=("<|tool_list_start|>",)),
-    _Format("GigaChat v3", ("<|role_sep|>", "<|message_sep|>"), NO_THINKING, absent=("<|function_call|>",)),
-    _Format("MiniMax-M3", ("]<]minimax[>[", "<tool_call>", "<invoke name="),
-            ThinkingSection("<mm:think>", "</mm:think>")),
-    _Format("DeepSeek V3.2", ("dsml_token", "DSML", "function_calls"), _THINK_TAGS),
-    _Format("DeepSeek V4", ("dsml_token", "DSML", "tool_calls"),
-            ThinkingSection("<think>", "</think>", bare="</think>")),
-    _Format("Gemma 4", ("'<|tool_call>call:'",), ThinkingSection("<|channel>thought\n", "<channel|>")),
-    _Format("MiniCPM5", ("Tool usage guidelines:", '<function name="', '<param name="'), _QWEN_THINKING),
-    _Format("Qwen3.5 / Nemotron 3 Nano", ("<tool_call>", "<function=", "<parameter=", "<think>"), _QWEN_THINKING),
-    _Format("Qwen3-Coder", ("<tool_call>", "<function=", "<parameter="), NO_THINKING),
-    # Not parsers of their own in llama.cpp, but fixed markers its analysis is told to use.
-    _Format("Nemotron Nano v2", ("<SPECIAL_10>", "<SPECIAL_11>", "<SPECIAL_12>", "<TOOL_RESPONSE>"),
-            ThinkingSection("<think>\n", "</think>")),
-    _Format("Granite 3.3", ("Write your thoughts between <think></think> and write your response between "
-                            "<response></response>",), _THINK_TAGS),
-)
+# Where a family's format or llama.cpp's analysis says the model thinks in plain `<think>` tags.
+THINK_TAGS = ThinkingSection(THINK.start, THINK.end)
 
 # Templates whose analysed markers llama.cpp trims of the whitespace the template writes around the
 # reasoning (Laguna: copied from laguna_glm_thinking, its model writes the tags tight).
 _TRIMMED = ("laguna_glm_thinking",)
 
 
-def dedicated_section(source: str) -> ThinkingSection | None:
-    """The thinking section of the dedicated format llama.cpp gives `source`, if it gives one."""
-    return next((chat_format.section for chat_format in FORMATS if chat_format.matches(source)), None)
-
-
-def thinking_section(source: str, render: Render, supports_tool_calls: bool) -> ThinkingSection:
-    """The thinking section of `source`'s replies: its dedicated format's, else found by analysis."""
-    dedicated = dedicated_section(source)
+def thinking_section(dedicated: ThinkingSection | None, source: str, render: Render,
+                     supports_tool_calls: bool) -> ThinkingSection:
+    """The thinking section of `source`'s replies: its dedicated format's (`dedicated`, from its
+    family), else found by analysis."""
     if dedicated is not None:
         return dedicated
     section = _analyse(render, supports_tool_calls)
@@ -140,7 +93,7 @@ def thinking_section(source: str, render: Render, supports_tool_calls: bool) -> 
     if section.start or section.end:
         return section
     if "content.split('</think>')" in source and "reasoning_content" not in source:
-        return _THINK_TAGS
+        return THINK_TAGS
     return NO_THINKING
 
 
@@ -305,16 +258,6 @@ def _diff(left: str, right: str) -> tuple[str, str, str, str]:
     if not middle_left and right.startswith(left):
         return left, "", right[len(left):], ""
     return prefix, middle_left, middle_right, suffix
-
-
-def common_prefix_length(a: str, b: str) -> int:
-    """How many leading characters a and b share."""
-    length = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        length += 1
-    return length
 
 
 def _common_suffix_length(a: str, b: str) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lamplight.chat.reasoning_markers import ReasoningMarkers
+from lamplight.chat.text import marker_prefix_length
 
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
 
@@ -75,10 +76,3 @@ def opens_thinking(prompt: str, markers: ReasoningMarkers) -> bool:
     """The prompt ends with the start marker: its generation prompt opened the thinking."""
     return prompt.rstrip().endswith(markers.start.rstrip())
 
-
-def marker_prefix_length(text: str, marker: str) -> int:
-    """How much of the end of `text` could be the start of `marker` (`</thi`)."""
-    for length in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:length]):
-            return length
-    return 0

@@ -3,7 +3,10 @@
 A template whose source names one of these start markers "can think": llama.cpp then defines
 `enable_thinking` true by default, splits the thinking out of replies (`reasoning_format`) and
 closes an empty thinking block before an assistant prefill. The order matters: more specific
-markers first (`<think:opensource>` before `<think>`).
+markers first (`<think:opensource>` before `<think>`). A template that names none of them may still
+think in one of them: the one its family's dedicated format splits (Kimi K2 and LFM2: `<think>`;
+Devstral, as Ministral 3: `[THINK]`). Which markers a template has is found once, with its family
+(lamplight.chat.families).
 
 | family                                   | start                 | end                    |
 |------------------------------------------|-----------------------|------------------------|
@@ -25,15 +28,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lamplight.chat.prefill import dedicated_section
-
 
 @dataclass(frozen=True)
 class ReasoningMarkers:
     family: str
     start: str
     end: str
-    probe: str  # the text that identifies the family in a template's source
+    probe: str  # the text that names these markers in a template's source
     answer_prefix: str = ""  # what opens the answer after the thinking (harmony's final channel)
 
     @property
@@ -42,33 +43,15 @@ class ReasoningMarkers:
         return self.start + self.end
 
 
-FAMILIES = (
-    ReasoningMarkers("hunyuan", "<think:opensource>", "</think:opensource>", "<think:opensource>"),
-    ReasoningMarkers("seed", "<seed:think>", "</seed:think>", "<seed:think>"),
-    ReasoningMarkers("minimax-m3", "<mm:think>", "</mm:think>", "<mm:think>"),
-    ReasoningMarkers("mistral", "[THINK]", "[/THINK]", "[THINK]"),
-    ReasoningMarkers("gemma4", "<|channel>thought", "<channel|>", "<|channel>thought"),
-    ReasoningMarkers("harmony", "<|channel|>analysis<|message|>", "<|end|>", "<|channel|>analysis",
-                     answer_prefix="<|start|>assistant<|channel|>final<|message|>"),
-    ReasoningMarkers("command-r7b", "<|START_THINKING|>", "<|END_THINKING|>", "<|START_THINKING|>"),
-    ReasoningMarkers("think", "<think>", "</think>", "<think>"),
-)
+HUNYUAN = ReasoningMarkers("hunyuan", "<think:opensource>", "</think:opensource>", "<think:opensource>")
+SEED = ReasoningMarkers("seed", "<seed:think>", "</seed:think>", "<seed:think>")
+MINIMAX_M3 = ReasoningMarkers("minimax-m3", "<mm:think>", "</mm:think>", "<mm:think>")
+MISTRAL = ReasoningMarkers("mistral", "[THINK]", "[/THINK]", "[THINK]")
+GEMMA4 = ReasoningMarkers("gemma4", "<|channel>thought", "<channel|>", "<|channel>thought")
+HARMONY = ReasoningMarkers("harmony", "<|channel|>analysis<|message|>", "<|end|>", "<|channel|>analysis",
+                           answer_prefix="<|start|>assistant<|channel|>final<|message|>")
+COMMAND_R7B = ReasoningMarkers("command-r7b", "<|START_THINKING|>", "<|END_THINKING|>", "<|START_THINKING|>")
+THINK = ReasoningMarkers("think", "<think>", "</think>", "<think>")
 
-
-def detect_reasoning_markers(source: str) -> ReasoningMarkers | None:
-    """The thinking markers a template uses, or None when it has no thinking."""
-    for family in FAMILIES:
-        if family.probe in source:
-            return family
-    return _dedicated_format_markers(source)
-
-
-def _dedicated_format_markers(source: str) -> ReasoningMarkers | None:
-    """Templates whose source never names a thinking marker but that llama.cpp gives a dedicated
-    format which thinks in one of the families' markers (Kimi K2 and LFM2: `<think>`; Devstral,
-    as Ministral 3: `[THINK]`): that family. (Formats with markers of their own, Kimi K3's and
-    Muse Glimmer's, are not split here.)"""
-    section = dedicated_section(source)
-    if section is None:
-        return None
-    return next((f for f in FAMILIES if (f.start, f.end) == (section.start, section.end)), None)
+# In the order a template's source is searched for them (lamplight.chat.families): more specific first.
+MARKER_PAIRS = (HUNYUAN, SEED, MINIMAX_M3, MISTRAL, GEMMA4, HARMONY, COMMAND_R7B, THINK)

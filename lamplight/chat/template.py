@@ -23,7 +23,6 @@ llama.cpp behaviours reproduced on top of plain Jinja:
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from datetime import datetime
 from functools import cached_property
@@ -36,11 +35,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from lamplight.chat.errors import ChatTemplateError
 from lamplight.chat.caps import probe_caps
 from lamplight.chat.messages import adapt_to_caps, adapt_to_template, normalize_messages
-from lamplight.chat.prefill import ThinkingSection, common_prefix_length, thinking_section
-from lamplight.chat.answer_wrappers import detect_answer_wrapper
-from lamplight.chat.reasoning_markers import detect_reasoning_markers
-
-_MENTIONS_TOOLS = re.compile(r"\btools\b")
+from lamplight.chat.families import detect_family, renders_tools
+from lamplight.chat.prefill import ThinkingSection, thinking_section
+from lamplight.chat.text import common_prefix_length
 
 
 class TemplateRaised(ChatTemplateError):
@@ -138,9 +135,10 @@ class ChatTemplate:
         self.eos_token = eos_token
         self.add_bos = add_bos
         self.add_eos = add_eos
-        self.supports_tools = bool(_MENTIONS_TOOLS.search(source))
-        self.reasoning = detect_reasoning_markers(source)
-        self.answer_wrapper = detect_answer_wrapper(source)
+        self.supports_tools = renders_tools(source)
+        self.family = detect_family(source)  # thinking, answer markers, tool format (lamplight.chat.families)
+        self.reasoning = self.family.reasoning
+        self.answer_wrapper = self.family.answer_wrapper
         self.supports_thinking = self.reasoning is not None
         self._template = _compile(source, name)
         self.caps = probe_caps(lambda messages, prompt, tools: self._render(normalize_messages(messages), prompt,
@@ -176,7 +174,7 @@ class ChatTemplate:
     @cached_property
     def thinking_section(self) -> ThinkingSection:
         """The thinking section a continued reply gets (lamplight.chat.prefill)."""
-        return thinking_section(self.source, self._probe, self.caps.supports_tool_calls)
+        return thinking_section(self.family.thinking, self.source, self._probe, self.caps.supports_tool_calls)
 
     def _probe(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None,
                extra: dict | None) -> str | None:

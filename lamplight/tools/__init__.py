@@ -1,29 +1,22 @@
 """OpenAI tool calling: formats, grammars, parsers and streaming deltas (README.md)."""
 
+from .base import GrammarSource, ParsedMessage, ToolFormat, ToolPlan
 from .formats import (
-    FORMATS,
     CommandR7BFormat,
     CommandRPlusFormat,
     DeepSeekR1Format,
     DeepSeekV31Format,
     GraniteFormat,
     GenericFormat,
-    GrammarSource,
     HermesFormat,
     Llama3Format,
     MistralFormat,
-    ParsedMessage,
-    ToolFormat,
 )
 from .harmony import HarmonyFormat
 from .xml_calls import GlmFormat, QwenXmlFormat
-from .plan import ToolPlan, detect_format, plan_tool_calling, prompt_inputs, template_tools
+from .plan import FORMATS, detect_format, plan_tool_calling, prompt_inputs, template_tools
 from .spec import ToolCall, ToolRequestError, ToolSpec, new_tool_call_id
 from .stream import ToolCallStream, finish_reason, message_json
-
-FORMATS[HarmonyFormat.name] = HarmonyFormat  # its own module (formats.py is the shared base)
-FORMATS[QwenXmlFormat.name] = QwenXmlFormat
-FORMATS[GlmFormat.name] = GlmFormat
 
 __all__ = [
     "FORMATS",

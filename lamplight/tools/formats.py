@@ -1,7 +1,7 @@
 """Tool-call formats: how calls look in a model's output, the grammar that makes them valid, and
 the parser that reads them back (on the final text, and on every streamed prefix).
 
-Formats (chosen from the chat template's source, see plan.py's detect_format):
+Formats (the one a chat template's family names, lamplight.chat.families; plan.py's FORMATS):
 - generic: the whole reply is JSON, `{"tool_call": {"name", "arguments"}}`, `{"tool_calls": [...]}`
   (parallel) or `{"response": "<text>"}` (tool_choice auto). See generic.py for the prompt side.
 - hermes (Hermes 2 Pro, Qwen 2.5/3): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`,
@@ -21,52 +21,25 @@ falls back to content when its parser fails.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
+from lamplight.chat.text import marker_prefix_length
+
+from .base import GrammarSource, ParsedMessage, ToolFormat, ToolPlan
 from .grammar_text import call_schema, lark_json, marker_grammar, marker_lark, markers_lark, one_of
 from .json_scan import JsonMalformed, Node, minify, partial_string_value, scan_value, skip_ws
 from .spec import ToolCall, ToolSpec
-
-if TYPE_CHECKING:
-    from .plan import ToolPlan
-
-
-@dataclass
-class ParsedMessage:
-    content: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class GrammarSource:
-    kind: str  # "lark" | "json_schema"
-    source: Any  # Lark text, or a JSON schema (dict)
-
-    @property
-    def text(self) -> str:
-        """The grammar as text the `grammar` field accepts (llguidance Lark), for echoes."""
-        if self.kind == "lark":
-            return self.source
-        return "%llguidance {}\nstart: " + lark_json(self.source) + "\n"
 
 
 class _Malformed(Exception):
     pass
 
 
-def held_prefix(text: str, marker: str) -> int:
-    """How many trailing characters of `text` could begin `marker`."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
-
-
 def hold_back(text: str, markers: tuple[str, ...]) -> str:
     """Streamed content: without a trailing partial marker, nor trailing whitespace (it may be
     the separator before a call; it is sent once more text or the end shows it is content)."""
-    cut = max((held_prefix(text, m) for m in markers), default=0)
+    cut = max((marker_prefix_length(text, m) for m in markers), default=0)
     return text[:len(text) - cut].rstrip()
 
 
@@ -156,42 +129,6 @@ def _arguments_text(text: str, call_node: Node, args_node: Node | None) -> str:
     return minify(args_node.raw(text))
 
 
-class ToolFormat:
-    name = "base"
-    title = ""  # llama.cpp's chat_format name
-    generic = False  # the prompt gets the generic protocol (generic.py)
-    triggers: tuple[str, ...] = ()  # where the lazy grammar of tool_choice "auto" starts (empty: not lazy)
-
-    def grammar(self, plan: "ToolPlan", tokenizer: Any) -> GrammarSource:
-        raise NotImplementedError
-
-    def parse(self, text: str, partial: bool = False) -> ParsedMessage:
-        raise NotImplementedError
-
-    def for_tools(self, tools: list[ToolSpec]) -> "ToolFormat":
-        """The format for a request with these tools (formats that read values by their schema)."""
-        return self
-
-    def parse_cut(self, text: str) -> ParsedMessage:
-        """A reply cut short (max_tokens): its content and the calls it completed. An unfinished
-        call is dropped rather than returned as content: the wire text of a half-written call is
-        no answer (llama-server would return it as content)."""
-        parsed = self.parse(text, partial=True)
-        calls = [call for call in parsed.tool_calls if call.complete]
-        if parsed.tool_calls or not self._nothing_started(text, parsed.content):
-            return ParsedMessage(parsed.content, calls)
-        return self.parse(text, partial=False)
-
-    def _nothing_started(self, text: str, content: str) -> bool:
-        """The partial parse held back at most whitespace or the start of a marker: no call began."""
-        if not text.startswith(content):
-            return False
-        rest = text[len(content):].strip()
-        # Compared stripped: a marker may end in whitespace (Command R+'s "Action:\n```json\n").
-        return not rest or any(marker.startswith(rest) and rest != marker
-                               for marker in (trigger.strip() for trigger in self.triggers))
-
-
 # -- generic ------------------------------------------------------------------------------------
 
 class GenericFormat(ToolFormat):
@@ -201,7 +138,7 @@ class GenericFormat(ToolFormat):
     title = "Generic"
     generic = True
 
-    def schema(self, plan: "ToolPlan") -> dict:
+    def schema(self, plan: ToolPlan) -> dict:
         calls = one_of([call_schema(tool) for tool in plan.callable_tools])
         if plan.parallel:
             call = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": calls, "minItems": 1}},
@@ -213,7 +150,7 @@ class GenericFormat(ToolFormat):
         response = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
         return {"anyOf": [call, response]}
 
-    def grammar(self, plan: "ToolPlan", tokenizer: Any) -> GrammarSource:
+    def grammar(self, plan: ToolPlan, tokenizer: Any) -> GrammarSource:
         return GrammarSource("json_schema", self.schema(plan))
 
     def parse(self, text: str, partial: bool = False) -> ParsedMessage:
@@ -275,7 +212,7 @@ class HermesFormat(ToolFormat):
     CLOSE = "</tool_call>"
     triggers = (OPEN,)
 
-    def grammar(self, plan: "ToolPlan", tokenizer: Any) -> GrammarSource:
+    def grammar(self, plan: ToolPlan, tokenizer: Any) -> GrammarSource:
         open_, open_is_token = marker_lark(tokenizer, self.OPEN)
         close, _ = marker_lark(tokenizer, self.CLOSE)
         body = f'"\\n" call_json "\\n" {close}'
@@ -318,7 +255,7 @@ class Llama3Format(ToolFormat):
         self.title = "Llama 3.x with builtin tools" if python_tag else "Llama 3.x"
         self.triggers = ("{", self.PYTHON_TAG) if python_tag else ("{",)
 
-    def grammar(self, plan: "ToolPlan", tokenizer: Any) -> GrammarSource:
+    def grammar(self, plan: ToolPlan, tokenizer: Any) -> GrammarSource:
         schemas = [call_schema(t, "parameters") for t in plan.callable_tools]
         rules = ["%llguidance {}"]
         if plan.choice == "required":
@@ -390,7 +327,7 @@ class MarkerArrayFormat(ToolFormat):
             schema["required"].append(self.KEYS.id)
         return schema
 
-    def grammar(self, plan: "ToolPlan", tokenizer: Any) -> GrammarSource:
+    def grammar(self, plan: ToolPlan, tokenizer: Any) -> GrammarSource:
         marker, marker_is_token = marker_lark(tokenizer, self.MARKER)
         items = one_of([self.call_schema(t) for t in plan.callable_tools])
         array: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
@@ -499,7 +436,7 @@ class HeadedCallsFormat(ToolFormat):
     def triggers(self) -> tuple[str, ...]:  # type: ignore[override]
         return (self.BLOCK_OPEN,)
 
-    def grammar(self, plan: "ToolPlan", tokenizer: Any) -> GrammarSource:
+    def grammar(self, plan: ToolPlan, tokenizer: Any) -> GrammarSource:
         def lark(*pieces: str) -> str:
             return markers_lark(tokenizer, *pieces)
 
@@ -549,7 +486,7 @@ class HeadedCallsFormat(ToolFormat):
         name_end = text.find(self.NAME_END, pos)
         if name_end < 0:
             tail = text[pos:]
-            if partial and "\n" not in tail[:len(tail) - held_prefix(tail, self.NAME_END)]:
+            if partial and "\n" not in tail[:len(tail) - marker_prefix_length(tail, self.NAME_END)]:
                 return None, None  # the name, perhaps followed by the start of NAME_END
             raise _Malformed
         name = text[pos:name_end].strip()
@@ -605,7 +542,3 @@ class DeepSeekV31Format(HeadedCallsFormat):
     NAME_END = "<｜tool▁sep｜>"
     CALL_CLOSE = ("<｜tool▁call▁end｜>",)
 
-
-FORMATS = {"generic": GenericFormat, "hermes": HermesFormat, "llama3": Llama3Format, "mistral": MistralFormat,
-           "granite": GraniteFormat, "command-r7b": CommandR7BFormat, "deepseek-r1": DeepSeekR1Format,
-           "deepseek-v3.1": DeepSeekV31Format, "command-r-plus": CommandRPlusFormat}

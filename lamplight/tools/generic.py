@@ -33,15 +33,14 @@ Templates that do not render tools get the last two conversions even when the pr
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .plan import ToolPlan
+from .base import ToolPlan
 
 CALL_EXAMPLE = '{"name": "<tool name>", "arguments": {<the tool\'s arguments>}}'
 
 
-def instruction(plan: "ToolPlan") -> str:
+def instruction(plan: ToolPlan) -> str:
     listing = "\n".join(json.dumps(tool.describe(), ensure_ascii=False) for tool in plan.callable_tools)
     if plan.parallel:
         call_word = "`tool_calls` (a list of one or more tool calls)"
@@ -61,7 +60,7 @@ def instruction(plan: "ToolPlan") -> str:
     return "\n".join(lines)
 
 
-def protocol_messages(messages: list[dict], plan: "ToolPlan") -> list[dict]:
+def protocol_messages(messages: list[dict], plan: ToolPlan) -> list[dict]:
     """Normalized messages -> the conversation in the generic protocol, with the instruction."""
     converted = history_messages(messages, wrap_replies=True, parallel=plan.parallel)
     text = instruction(plan)

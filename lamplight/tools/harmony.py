@@ -21,15 +21,13 @@ is content with its markers, as llama.cpp keeps it.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .formats import GrammarSource, ParsedMessage, ToolFormat, _Malformed, hold_back
+from .base import GrammarSource, ParsedMessage, ToolFormat, ToolPlan
+from .formats import _Malformed, hold_back
 from .grammar_text import lark_json, lark_literal, marker_grammar, marker_lark, markers_lark, text_then
 from .json_scan import JsonMalformed, minify, scan_value
 from .spec import ToolCall
-
-if TYPE_CHECKING:
-    from .plan import ToolPlan
 
 START = "<|start|>assistant"
 CHANNEL = "<|channel|>"
@@ -53,7 +51,7 @@ class HarmonyFormat(ToolFormat):
     title = "GPT-OSS"
     triggers = (RECIPIENT,)
 
-    def grammar(self, plan: "ToolPlan", tokenizer: Any) -> GrammarSource:
+    def grammar(self, plan: ToolPlan, tokenizer: Any) -> GrammarSource:
         rules = ["call: " + " | ".join(self._call_rule(tokenizer, tool.name, tool.parameters)
                                        for tool in plan.callable_tools)]
         recipient = lark_literal(RECIPIENT)

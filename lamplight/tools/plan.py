@@ -1,38 +1,25 @@
 """What a chat request with tools needs: the format, the prompt's messages/tools, the grammar,
 and the parser for the answer.
 
-Format detection follows llama.cpp's template-substring checks (semantics doc 5.2), in its
-order, for the formats implemented here:
-    `message['prefix']` and `thinking`                     -> deepseek-v3.1
-    `<｜tool▁calls▁begin｜>`                                 -> deepseek-r1
-    template does not use `tools`                          -> generic
-    `<|END_THINKING|><|START_ACTION|>`                     -> command-r7b
-    `elif thinking` and `<|tool_call|>`                    -> granite (3.x)
-    `<tool_call>`, `<function=` and `<parameter=`           -> qwen3-coder (XML; Qwen3-Coder, Qwen3.5)
-    `<tool_call>` and `<arg_key>`                          -> glm-4.5 (GLM 4.5-4.7, Laguna)
-    `<tool_call>`                                          -> hermes (Hermes 2 Pro, Qwen 2.5/3)
-    `<|channel|>`                                          -> gpt-oss (harmony)
-    `<|start_header_id|>ipython<|end_header_id|>`          -> llama3 (+ `<|python_tag|>` if present)
-    `[TOOL_CALLS]`                                         -> mistral (Nemo)
-    `Action:` and `"tool_name"`                            -> command-r-plus (not in llama.cpp's
-                                                              hand-written list: it gives Generic)
-    anything else                                          -> generic (the template still gets `tools`)
-
-The DeepSeek checks come before the `tools` one, as in llama.cpp, whose DeepSeek handlers take
-a template with those markers "in all cases": the real DeepSeek R1 distill and V3.1 templates
-render tool calls in the native format but never the tool list. Their prompts get the tool list
-as the system text llama.cpp's template engine added for such templates (polyfill.py), and the
-conversation untouched (the template renders past calls and results itself).
+The format is the one the chat template's family names (lamplight.chat.families, which follows
+llama.cpp's template-substring checks, semantics doc 5.2): FORMATS below maps each name to its
+format. Templates that do not render `tools` get the generic protocol, except the DeepSeek R1
+distills and V3.1, whose templates render tool calls in the native format but never the tool
+list (llama.cpp's DeepSeek handlers take a template with those markers "in all cases"). Their
+prompts get the tool list as the system text llama.cpp's template engine added for such
+templates (polyfill.py), and the conversation untouched (the template renders past calls and
+results itself).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 from lamplight.chat import normalize_messages
 
 from . import generic, polyfill
+from .base import ToolFormat, ToolPlan
 from .formats import (
     CommandR7BFormat,
     CommandRPlusFormat,
@@ -40,101 +27,37 @@ from .formats import (
     DeepSeekV31Format,
     GenericFormat,
     GraniteFormat,
-    GrammarSource,
     HermesFormat,
     Llama3Format,
     MistralFormat,
-    ParsedMessage,
-    ToolFormat,
 )
-from .harmony import CHANNEL as HARMONY_CHANNEL
 from .harmony import HarmonyFormat
-from . import xml_calls
+from .spec import ToolRequestError, parse_tool_choice, parse_tools
 from .xml_calls import GlmFormat, QwenXmlFormat
-from .spec import ToolRequestError, ToolSpec, parse_tool_choice, parse_tools
 
-LLAMA3_IPYTHON = "<|start_header_id|>ipython<|end_header_id|>"
+# The format of each tool-format name the template families give (lamplight.chat.families).
+FORMATS: dict[str, Callable[[], ToolFormat]] = {
+    "generic": GenericFormat,
+    "deepseek-v3.1": DeepSeekV31Format,
+    "deepseek-r1": DeepSeekR1Format,
+    "command-r7b": CommandR7BFormat,
+    "granite": GraniteFormat,
+    "gpt-oss": HarmonyFormat,
+    "qwen3-coder": QwenXmlFormat,
+    "glm-4.5": GlmFormat,
+    "hermes": HermesFormat,
+    "llama3-builtin-tools": partial(Llama3Format, python_tag=True),  # the template knows <|python_tag|>
+    "llama3": Llama3Format,
+    "mistral": MistralFormat,
+    "command-r-plus": CommandRPlusFormat,
+}
 
 
 def detect_format(template: Any) -> ToolFormat:
     """The tool-call format of a ChatTemplate (None: no template, i.e. generic)."""
-    source = getattr(template, "source", "") or ""
     if template is None:
         return GenericFormat()
-    if "message['prefix']" in source and "thinking" in source:
-        return DeepSeekV31Format()
-    if DeepSeekR1Format.BLOCK_OPEN in source:
-        return DeepSeekR1Format()
-    if not getattr(template, "supports_tools", False):
-        return GenericFormat()
-    if "<|END_THINKING|><|START_ACTION|>" in source:
-        return CommandR7BFormat()
-    if "elif thinking" in source and GraniteFormat.MARKER in source:
-        return GraniteFormat()
-    # Before Hermes, as llama.cpp: these templates' <tool_call> holds XML-like elements, not JSON.
-    if xml_calls.is_qwen_xml(source):
-        return QwenXmlFormat()
-    if xml_calls.is_glm(source):
-        return GlmFormat()
-    if HermesFormat.OPEN in source:
-        return HermesFormat()
-    if HARMONY_CHANNEL in source:
-        return HarmonyFormat()
-    if LLAMA3_IPYTHON in source:
-        return Llama3Format(python_tag=Llama3Format.PYTHON_TAG in source)
-    if MistralFormat.MARKER in source:
-        return MistralFormat()
-    if "Action:" in source and '"tool_name"' in source:
-        return CommandRPlusFormat()
-    return GenericFormat()
-
-
-@dataclass
-class ToolPlan:
-    format: ToolFormat
-    tools: list[ToolSpec]
-    raw_tools: list[dict]  # as the request sent them (what templates iterate)
-    choice: str  # auto | required | none
-    forced: str | None  # tool_choice named this function
-    parallel: bool
-
-    def __post_init__(self) -> None:
-        self.format = self.format.for_tools(self.tools)
-
-    @property
-    def active(self) -> bool:
-        """Constrained and parsed (tool_choice is not "none")."""
-        return self.choice != "none"
-
-    @property
-    def callable_tools(self) -> list[ToolSpec]:
-        if self.forced is None:
-            return self.tools
-        return [tool for tool in self.tools if tool.name == self.forced]
-
-    def grammar(self, tokenizer: Any) -> GrammarSource | None:
-        return self.format.grammar(self, tokenizer) if self.active else None
-
-    def parse(self, text: str, partial: bool = False) -> ParsedMessage:
-        return self.format.parse(text, partial)
-
-    def parse_final(self, text: str, stop_type: str) -> ParsedMessage:
-        """The whole reply, by how it ended: cut by max_tokens ("limit", "none"), only its
-        finished calls count (ToolFormat.parse_cut)."""
-        if stop_type in ("limit", "none"):
-            return self.format.parse_cut(text)
-        return self.format.parse(text)
-
-    def settings_echo(self) -> dict:
-        """generation_settings keys that describe tool calling (llama-server's names)."""
-        if not self.active:
-            return {}
-        lazy = self.choice == "auto" and bool(self.format.triggers)
-        return {
-            "grammar_lazy": lazy,
-            "grammar_triggers": [{"type": 1, "value": trigger} for trigger in self.format.triggers] if lazy else [],
-            "chat_format": self.format.title,
-        }
+    return FORMATS[template.family.tool_format]()
 
 
 def plan_tool_calling(tools: Any, tool_choice: Any, parallel_tool_calls: Any, template: Any) -> ToolPlan | None:

@@ -29,12 +29,11 @@ Only prompts for a generation get the text (as the generic protocol's instructio
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lamplight.chat import ChatTemplateError
 
-if TYPE_CHECKING:
-    from .plan import ToolPlan
+from .base import ToolPlan
 
 INTRO = "You can call any of the following tools to satisfy the user's requests: "
 EXAMPLE_INTRO = "\n\nExample tool call syntax:\n\n"
@@ -43,7 +42,7 @@ _EXAMPLE_CALL = {"role": "assistant", "content": None, "tool_calls": [
     {"id": "call_1___", "type": "function", "function": {"name": "tool_name", "arguments": {"arg1": "some_value"}}}]}
 
 
-def tools_text(plan: "ToolPlan", template: Any) -> str:
+def tools_text(plan: ToolPlan, template: Any) -> str:
     """The system text listing the request's tools (all of them, as llama.cpp passes them)."""
     listing = [{"type": "function", "function": {"name": tool.name, "description": tool.description,
                                                   "parameters": tool.parameters}} for tool in plan.tools]
@@ -79,7 +78,7 @@ def call_example(template: Any) -> str:
     return example
 
 
-def with_tools_text(messages: list[dict], plan: "ToolPlan", template: Any) -> list[dict]:
+def with_tools_text(messages: list[dict], plan: ToolPlan, template: Any) -> list[dict]:
     """Normalized messages with the tools' system text added (minja's add_system)."""
     text = tools_text(plan, template)
     if messages and messages[0]["role"] == "system":

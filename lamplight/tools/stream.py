@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .formats import ParsedMessage
-from .plan import ToolPlan
+from .base import ParsedMessage, ToolPlan
 from .spec import new_tool_call_id
 
 

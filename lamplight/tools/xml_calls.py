@@ -1,5 +1,5 @@
 """Tool calls whose arguments are XML-like elements inside `<tool_call>`, one element per argument,
-not Hermes's JSON (both are detected before Hermes, as llama.cpp does):
+not Hermes's JSON (both are detected before Hermes, as llama.cpp does: lamplight.chat.families):
 
 Qwen3-Coder's (also Qwen3.5, Nemotron 3 Nano, StepFun 3.5): llama.cpp's "Qwen3 Coder" format,
 chosen for templates with `<tool_call>`, `<function=` and `<parameter=`. As the templates write a
@@ -43,14 +43,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .formats import GrammarSource, ParsedMessage, ToolFormat, parse_tagged_calls
+from .base import GrammarSource, ParsedMessage, ToolFormat, ToolPlan
+from .formats import parse_tagged_calls
 from .grammar_text import lark_json, lark_literal, marker_grammar, marker_lark
 from .spec import ToolCall, ToolSpec
-
-if TYPE_CHECKING:
-    from .plan import ToolPlan
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
@@ -58,14 +56,6 @@ PARAMETER_OPEN, PARAMETER_CLOSE = "<parameter=", "</parameter>"
 KEY_OPEN, KEY_CLOSE = "<arg_key>", "</arg_key>"
 VALUE_OPEN, VALUE_CLOSE = "<arg_value>", "</arg_value>"
 _NAME = re.compile(r"([^>\n]+)>")  # a function's or parameter's name, up to its `>`
-
-
-def is_qwen_xml(source: str) -> bool:
-    return OPEN in source and FUNCTION_OPEN in source and PARAMETER_OPEN in source
-
-
-def is_glm(source: str) -> bool:
-    return OPEN in source and KEY_OPEN in source
 
 
 class _Malformed(Exception):
@@ -85,7 +75,7 @@ class _XmlCallsFormat(ToolFormat):
     def for_tools(self, tools: list[ToolSpec]) -> "_XmlCallsFormat":
         return type(self)(tools)
 
-    def grammar(self, plan: "ToolPlan", tokenizer: Any) -> GrammarSource:
+    def grammar(self, plan: ToolPlan, tokenizer: Any) -> GrammarSource:
         open_, open_is_token = marker_lark(tokenizer, OPEN)
         close, _ = marker_lark(tokenizer, CLOSE)
         rules = []
