@@ -12,6 +12,7 @@ from lamplight.gguf.file import GGUFFile
 from lamplight.server.errors import ApiError
 from lamplight.server.generation_settings import generation_settings, props_default_params
 from lamplight.server.params import Endpoint, default_sampling, parse_generation_params
+from lamplight.server.prepare import prepare_request
 from lamplight.server.prompts import tokenize_prompts
 from lamplight.server.responses_native import select_response_fields
 from lamplight.server.settings import ServerSettings
@@ -30,10 +31,12 @@ _COMPILERS: dict = {}
 
 
 def parse(body, tokenizer, endpoint=Endpoint.NATIVE, settings=None):
+    """Parsed and prepared (grammar compiled), as completion_flow does."""
     from lamplight.grammar import GrammarCompiler
 
     compiler = lambda: _COMPILERS.setdefault(id(tokenizer), GrammarCompiler(tokenizer))  # noqa: E731
-    return parse_generation_params(body, endpoint, settings or ServerSettings(), tokenizer, N_PARALLEL, compiler)
+    params = parse_generation_params(body, endpoint, settings or ServerSettings(), tokenizer, N_PARALLEL)
+    return prepare_request(params, tokenizer, compiler)
 
 
 def rejected(body, tokenizer, endpoint=Endpoint.NATIVE) -> str:
@@ -47,21 +50,21 @@ def test_defaults_come_from_server_settings(tokenizer):
     settings = ServerSettings(sampling_defaults={"temperature": 0.2, "top_k": 7}, n_predict=32)
     params = parse({}, tokenizer, settings=settings)
     assert params.sampling.temperature == 0.2 and params.sampling.top_k == 7
-    assert params.sampling.top_p == 0.95 and params.n_predict == 32
-    assert params.stop == [] and params.n_choices == 1 and params.cache_prompt is True
-    assert parse({"n_predict": -1}, tokenizer, settings=settings).n_predict == 32
+    assert params.sampling.top_p == 0.95 and params.request.n_predict == 32
+    assert params.request.stop == [] and params.n_choices == 1 and params.request.cache_prompt is True
+    assert parse({"n_predict": -1}, tokenizer, settings=settings).request.n_predict == 32
 
 
 def test_null_means_default_and_unknown_fields_are_ignored(tokenizer):
     params = parse({"temperature": None, "top_p": None, "stop": None, "whatever": {"x": 1}}, tokenizer)
-    assert params.sampling.temperature == 0.8 and params.stop == []
+    assert params.sampling.temperature == 0.8 and params.request.stop == []
 
 
 def test_token_limit_names(tokenizer):
-    assert parse({"max_tokens": 5}, tokenizer).n_predict == 5
-    assert parse({"max_completion_tokens": 6}, tokenizer).n_predict == 6
-    assert parse({"max_tokens": 5, "n_predict": 9}, tokenizer).n_predict == 9
-    assert parse({"n_predict": 4.0}, tokenizer).n_predict == 4  # an integral float is an integer
+    assert parse({"max_tokens": 5}, tokenizer).request.n_predict == 5
+    assert parse({"max_completion_tokens": 6}, tokenizer).request.n_predict == 6
+    assert parse({"max_tokens": 5, "n_predict": 9}, tokenizer).request.n_predict == 9
+    assert parse({"n_predict": 4.0}, tokenizer).request.n_predict == 4  # an integral float is an integer
 
 
 @pytest.mark.parametrize("body, field, expected", [
@@ -102,8 +105,8 @@ def test_lora_and_n_keep_reach_the_request(tokenizer):
 
 
 def test_stop_and_stream_options(tokenizer):
-    assert parse({"stop": "\n"}, tokenizer).stop == ["\n"]
-    assert parse({"stop": ["a", "b"]}, tokenizer).stop == ["a", "b"]
+    assert parse({"stop": "\n"}, tokenizer).request.stop == ["\n"]
+    assert parse({"stop": ["a", "b"]}, tokenizer).request.stop == ["a", "b"]
     params = parse({"stream": True, "stream_options": {"include_usage": True}}, tokenizer)
     assert params.stream and params.include_usage
     assert not parse({"stream_options": {"include_usage": True}}, tokenizer).include_usage
@@ -163,21 +166,21 @@ def test_invalid_constraints_are_refused(tokenizer, body, expected):
 
 
 def test_constraints_compile(tokenizer):
-    assert parse({"grammar": 'root ::= "a" [0-9]+'}, tokenizer).grammar.kind == "gbnf"
-    assert parse({"json_schema": {"type": "object"}}, tokenizer).grammar.kind == "json_schema"
+    assert parse({"grammar": 'root ::= "a" [0-9]+'}, tokenizer).request.grammar.kind == "gbnf"
+    assert parse({"json_schema": {"type": "object"}}, tokenizer).request.grammar.kind == "json_schema"
     chat = Endpoint.CHAT
-    assert parse({"response_format": {"type": "json_object"}}, tokenizer, chat).grammar is not None
+    assert parse({"response_format": {"type": "json_object"}}, tokenizer, chat).request.grammar is not None
     spec = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array"}, "strict": True}}
-    assert parse({"response_format": spec}, tokenizer, chat).grammar is not None
-    assert parse({"response_format": {"type": "text"}}, tokenizer, chat).grammar is None
+    assert parse({"response_format": spec}, tokenizer, chat).request.grammar is not None
+    assert parse({"response_format": {"type": "text"}}, tokenizer, chat).request.grammar is None
 
 
 def test_tools_compile_a_grammar(tokenizer):
     params = parse({"tools": TOOLS}, tokenizer, Endpoint.CHAT)
-    assert params.grammar is not None and params.tool_plan.format.name == "generic"
+    assert params.request.grammar is not None and params.tool_plan.format.name == "generic"
     assert params.tool_plan.parallel is True and params.tool_plan.choice == "auto"
     none = parse({"tools": TOOLS, "tool_choice": "none"}, tokenizer, Endpoint.CHAT)
-    assert none.grammar is None and not none.tool_plan.active
+    assert none.request.grammar is None and not none.tool_plan.active
 
 
 def test_constraints_that_can_proceed(tokenizer):
@@ -185,6 +188,41 @@ def test_constraints_that_can_proceed(tokenizer):
     parse({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none"},
           tokenizer, Endpoint.CHAT)
     parse({"grammar": ""}, tokenizer)
+
+
+def test_parsing_compiles_nothing_and_preparing_does(tokenizer):
+    from lamplight.grammar import GrammarCompiler
+    from lamplight.sampling.dry import BreakerTable
+
+    def parse_only(body):
+        return parse_generation_params(body, Endpoint.NATIVE, ServerSettings(), tokenizer, N_PARALLEL)
+
+    params = parse_only({"grammar": 'root ::= "a', "dry_multiplier": 0.8})  # a 400 only once compiled
+    assert params.constraint.source == 'root ::= "a' and params.request.grammar is None
+    assert params.request.dry_breakers is None
+    with pytest.raises(ApiError, match="Field 'grammar'"):
+        prepare_request(params, tokenizer, lambda: GrammarCompiler(tokenizer))
+    with pytest.raises(ApiError, match="constrained decoding is not available on this server"):
+        prepare_request(params, tokenizer)
+    dry = prepare_request(parse_only({"dry_multiplier": 0.8}), tokenizer)
+    assert isinstance(dry.request.dry_breakers, BreakerTable) and dry.request.grammar is None
+    assert prepare_request(parse_only({}), tokenizer).request.dry_breakers is None
+
+
+def test_the_request_record_is_built_once(tokenizer):
+    import dataclasses
+
+    params = parse({"n_predict": 7, "stop": ["x"], "seed": 5, "stream": True, "return_progress": True}, tokenizer)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.stream = False
+    request = params.request_for([1, 2])
+    assert request == dataclasses.replace(params.request, prompt_tokens=[1, 2])
+    assert (request.n_predict, request.stop, request.sampling.seed, request.return_progress) == (7, ["x"], 5, True)
+    assert not parse({"return_progress": True}, tokenizer).request.return_progress  # progress is streamed only
+    drawn = parse({}, tokenizer)
+    assert drawn.sampling.seed == -1 and 0 <= drawn.request.sampling.seed < 2**32  # echoed as asked, run as drawn
+    chat = parse({"logprobs": True, "top_logprobs": 0}, tokenizer, Endpoint.CHAT)
+    assert chat.request.sampling.n_probs == chat.sampling.n_probs == 1
 
 
 def test_prompt_forms(tokenizer):

@@ -54,7 +54,6 @@ class ReplicaSpec:
     settings: Any  # lamplight.server.ServerSettings
     options: Any  # lamplight.server.launcher.EngineOptions
     threads: int = 1
-    fast: bool = True
     chat_template: str | None = None
     chat_template_file: str | None = None
     hf_repo: str | None = None
@@ -68,9 +67,9 @@ class Replica:
     def __init__(self, spec: ReplicaSpec):
         import torch
 
-        import lamplight
         from lamplight.server import ServerState
         from lamplight.server.app import create_app
+        import lamplight
         from lamplight.server.launcher import build_engine
 
         context = serve.get_replica_context()
@@ -88,7 +87,7 @@ class Replica:
 
             model = str(resolve_hf(spec.hf_repo, filename=spec.hf_file, token=spec.hf_token))
         loaded = lamplight.load(model, chat_template=spec.chat_template,
-                                chat_template_file=spec.chat_template_file, fast=spec.fast)
+                                chat_template_file=spec.chat_template_file, fast=spec.options.weights == "fast")
         self.engine = build_engine(loaded, spec.options)
         self.state = ServerState(settings)
         self.state.attach(loaded, self.engine)
@@ -352,10 +351,10 @@ def build_application(spec: ReplicaSpec, replicas: int, max_imbalance: int | Non
 
 
 def spec_from_args(args, threads: int) -> ReplicaSpec:
-    from lamplight.cli import engine_options, server_settings
+    from lamplight.serve_options import engine_options, server_settings
 
     return ReplicaSpec(model=args.model, settings=server_settings(args), options=engine_options(args),
-                       threads=threads, fast=args.weights == "fast", chat_template=args.chat_template,
+                       threads=threads, chat_template=args.chat_template,
                        chat_template_file=args.chat_template_file, hf_repo=args.hf_repo,
                        hf_file=args.hf_file, hf_token=args.hf_token)
 
@@ -369,13 +368,13 @@ def threads_per_replica(args, cpus: int) -> int:
 def build_app(config: dict):
     """For `serve run lamplight.distributed:build_app model=M replicas=N ctx-size=2048 ...`:
     every key is a `lamplight serve` flag (without its dashes), `flag=true` for a switch."""
-    from lamplight.cli import build_parser
+    from lamplight.serve_options import serve_parser
 
-    argv = ["serve"]
+    argv = []
     for key, value in config.items():
         flag = "--" + key.replace("_", "-")
         argv += [flag] if str(value).lower() == "true" else [flag, str(value)]
-    args = build_parser().parse_args(argv)
+    args = serve_parser().parse_args(argv)
     args.replicas = args.replicas or 1
     return build_application(spec_from_args(args, threads_per_replica(args, os.cpu_count() or 1)),
                              args.replicas, args.route_imbalance, args.route_block_chars, policy=args.route)

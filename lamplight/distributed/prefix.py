@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 
-DEFAULT_BLOCK_CHARS = 256
+from lamplight.serve_flags import default_of
+
+DEFAULT_BLOCK_CHARS = default_of("routing.block_chars")  # --route-block-chars
 MAX_HASHES = 512  # a 128k-character prompt; longer ones match on their first 512 blocks
 
 

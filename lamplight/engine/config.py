@@ -6,22 +6,28 @@ from dataclasses import dataclass
 
 import torch
 
+from lamplight.serve_flags import MAX_DEFAULT_CTX, default_of
+
 # `-ctk/-ctv` values (llama-server's names) this engine stores the KV cache in.
 CACHE_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass
 class EngineConfig:
-    n_ctx: int = 4096  # total KV context, split evenly across slots
-    n_parallel: int = 4  # slots
-    n_batch: int = 2048  # logical batch (accepted as in llama-server; the step budget is n_ubatch)
-    n_ubatch: int = 512  # tokens per forward step: decode tokens first, then prompt chunks
-    queue_size: int = 64  # requests waiting for a slot before new ones get 503
+    """The defaults of the settings a serve flag sets are the flag's (lamplight.serve_flags)."""
+
+    n_ctx: int = MAX_DEFAULT_CTX  # total KV context, split evenly across slots (as `-c 0` on a long model)
+    n_parallel: int = default_of("engine.n_parallel")  # slots
+    # logical batch (accepted as in llama-server; the step budget is n_ubatch)
+    n_batch: int = default_of("engine.n_batch")
+    n_ubatch: int = default_of("engine.n_ubatch")  # tokens per forward step: decode tokens first, then prompt chunks
+    queue_size: int = default_of("engine.queue_size")  # requests waiting for a slot before new ones get 503
     block_size: int = 16  # tokens per KV block
-    context_shift: bool = False
+    context_shift: bool = default_of("engine.context_shift")
     slot_prompt_similarity: float = 0.1
     device: str = "cpu"
-    compile: bool = False  # decode-only steps through torch.compile (lamplight.kernels.compiled)
+    # decode-only steps through torch.compile (lamplight.kernels.compiled)
+    compile: bool = default_of("engine.compile")
     # KV cache storage. float32 by default (llama-server's default is f16): on CPUs without
     # native half-precision math, converting the gathered keys back costs more than the memory.
     cache_type_k: str = "f32"

@@ -31,8 +31,11 @@ class InvalidRequestError(EngineError):
     """A request the engine cannot run as asked (e.g. `id_slot` out of range): 400."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class GenerationRequest:
+    """One prompt to run: built whole (the server: lamplight.server.params, then
+    dataclasses.replace for what later steps add), never changed afterwards."""
+
     prompt_tokens: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     n_predict: int = -1  # -1: until EOS or the context is full; 0: evaluate the prompt only

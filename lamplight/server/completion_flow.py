@@ -1,8 +1,10 @@
-"""The path every generating endpoint shares: parse and tokenize off the event loop, submit to the
-engine, then answer with one JSON object or an SSE stream."""
+"""The path every generating endpoint shares, off the event loop: parse the body, prepare the request
+(compile its grammar, build DRY's breakers), build the prompt; then submit to the engine and answer
+with one JSON object or an SSE stream."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -21,6 +23,7 @@ from .generation import GenerationRun, collect_unless_disconnected
 from .generation_settings import generation_settings, lora_scales
 from .json_io import json_response
 from .params import Endpoint, GenerationParams, parse_generation_params
+from .prepare import prepare_request
 from .prompts import tokenize_prompts
 from .response_context import ResponseContext
 from .responses_native import native_final
@@ -30,7 +33,7 @@ from .state import ServerState
 from .stream_formats import ChatStream, CompletionStream, NativeStream, StreamFormat
 
 
-@dataclass
+@dataclass(frozen=True)
 class PreparedCompletion:
     params: GenerationParams
     prompts: list[list[int]]
@@ -62,22 +65,28 @@ def _prepare(state: ServerState, body: dict, endpoint: Endpoint,
     tokenizer = state.model.tokenizer
     chat_template = state.model.chat_template if endpoint is Endpoint.CHAT else None
     params = parse_generation_params(body, endpoint, state.settings, tokenizer, state.engine.n_parallel,
-                                     state.grammar_compiler, chat_template)
+                                     chat_template)
+    params = prepare_request(params, tokenizer, state.grammar_compiler)
     if build_prompts is not None:  # /infill
-        prompts = build_prompts(state, body)
-    elif endpoint is Endpoint.CHAT:
-        text = render_chat_prompt(body, chat_template, params.tool_plan, reasoning_budget=params.reasoning_budget)
-        continues = continues_thinking(body)
-        params.reasoning = plan_reasoning(getattr(chat_template, "reasoning", None), params.reasoning_format, text,
-                                          continues)
-        params.reasoning_budget_spec = reasoning_budget_spec(chat_template, text, params.reasoning_budget,
-                                                             params.reasoning_budget_message, tokenizer, continues)
-        params.grammar = constrain_answer_only(params.grammar, params.reasoning, state.grammar_compiler, tokenizer)
-        params.answer_wrapper = getattr(chat_template, "answer_wrapper", None)
-        prompts = [tokenizer.encode(text, add_special=True, parse_special=True)]
-    else:
-        prompts = tokenize_prompts(body.get("prompt"), tokenizer)
-    return PreparedCompletion(params, prompts)
+        return PreparedCompletion(params, build_prompts(state, body))
+    if endpoint is Endpoint.CHAT:
+        return _chat_completion(state, body, params)
+    return PreparedCompletion(params, tokenize_prompts(body.get("prompt"), tokenizer))
+
+
+def _chat_completion(state: ServerState, body: dict, params: GenerationParams) -> PreparedCompletion:
+    """The chat prompt, and what depends on it: how the reply's thinking is split, its budget,
+    and the grammar moved after the thinking."""
+    tokenizer, chat_template = state.model.tokenizer, state.model.chat_template
+    text = render_chat_prompt(body, chat_template, params.tool_plan, reasoning_budget=params.reasoning_budget)
+    continues = continues_thinking(body)
+    reasoning = plan_reasoning(getattr(chat_template, "reasoning", None), params.reasoning_format, text, continues)
+    budget = reasoning_budget_spec(chat_template, text, params.reasoning_budget, params.reasoning_budget_message,
+                                   tokenizer, continues)
+    grammar = constrain_answer_only(params.request.grammar, reasoning, state.grammar_compiler, tokenizer)
+    params = dataclasses.replace(params.with_request(reasoning_budget=budget, grammar=grammar), reasoning=reasoning,
+                                 answer_wrapper=getattr(chat_template, "answer_wrapper", None))
+    return PreparedCompletion(params, [tokenizer.encode(text, add_special=True, parse_special=True)])
 
 
 _STREAM_FORMATS: dict[Endpoint, Callable[[ResponseContext], StreamFormat]] = {
@@ -104,27 +113,29 @@ async def answer_completion(request: Request, state: ServerState, body: dict, en
     """`build_prompts(state, body)` replaces the usual `prompt`/`messages` handling (/infill)."""
     state.require_ready()
     prepared = await run_in_threadpool(prepare_completion, state, body, endpoint, build_prompts)
-    ctx = _response_context(state, prepared)
-    prepared.params.settings_echo = ctx.generation_settings
-    run = GenerationRun.submit(state.engine, prepared.params, prepared.prompts, observer=state.metrics)
-    if prepared.params.stream:
+    echo = _settings_echo(state, prepared.params)
+    params = prepared.params.with_request(settings=echo)  # the engine shows it in /slots
+    ctx = ResponseContext(params=params, prompts=prepared.prompts, model=state.model_name,
+                          fingerprint=state.settings.build_info, tokenizer=state.model.tokenizer,
+                          generation_settings=echo)
+    run = GenerationRun.submit(state.engine, params, prepared.prompts, observer=state.metrics)
+    if params.stream:
         ping = state.settings.sse_ping_interval
         return await stream_response(request, run, _STREAM_FORMATS[endpoint](ctx), ping if ping > 0 else None)
     finals = await collect_unless_disconnected(request, run)
     return json_response(_JSON_BUILDERS[endpoint](ctx, finals))
 
 
-def _response_context(state: ServerState, prepared: PreparedCompletion) -> ResponseContext:
-    params = prepared.params
+def _settings_echo(state: ServerState, params: GenerationParams) -> dict:
+    """The request's generation_settings, as llama-server reports them."""
+    request = params.request
     echo = generation_settings(
-        params.sampling, n_predict=params.n_predict, stop=params.stop, n_keep=params.n_keep,
-        n_discard=params.n_discard, stream=params.stream, timings_per_token=params.timings_per_token,
+        params.sampling, n_predict=request.n_predict, stop=request.stop, n_keep=request.n_keep,
+        n_discard=request.n_discard, stream=params.stream, timings_per_token=params.timings_per_token,
         eog_ids=state.model.tokenizer.eog_ids,
-        lora_scales=lora_scales(params.lora, getattr(state.engine, "loras", [])),
+        lora_scales=lora_scales(request.lora, getattr(state.engine, "loras", [])),
         grammar=params.grammar_text,
     )
     if params.tool_plan is not None:
         echo.update(params.tool_plan.settings_echo())
-    return ResponseContext(params=params, prompts=prepared.prompts, model=state.model_name,
-                           fingerprint=state.settings.build_info, tokenizer=state.model.tokenizer,
-                           generation_settings=echo)
+    return echo

@@ -1,7 +1,8 @@
 """Constrained decoding requests: `grammar`, `json_schema`, `response_format`, `tools`.
 
-The shapes are validated as llama-server does, and the grammar is compiled here, in the request's
-thread, so an invalid grammar or schema is a 400 with the parser's message before anything runs.
+Two steps. `read_constraint` (parsing) validates the shapes as llama-server does and says what is
+asked for; `compile_constraint` (lamplight.server.prepare) compiles it, in the request's thread,
+so an invalid grammar or schema is a 400 with the parser's message before anything runs.
 Never silently unconstrained: a keyword the grammar engine cannot enforce is a 400 naming it.
 """
 
@@ -19,17 +20,25 @@ from .fields import Fields
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 
 
-@dataclass
+@dataclass(frozen=True)
+class ConstraintRequest:
+    """What a request's constraint fields ask for, checked but not compiled."""
+
+    source_field: str = ""  # the field it comes from, named by compile errors; "": unconstrained
+    kind: str = ""  # "grammar" (GBNF text), "json_schema", "json_object" (any object), "tools"
+    source: Any = None  # the grammar text or the schema
+    tool_plan: ToolPlan | None = None  # chat requests with tools (with tool_choice "none" too)
+
+
+@dataclass(frozen=True)
 class Constraint:
     grammar: CompiledGrammar | None = None
     echo: str = ""  # what generation_settings reports as `grammar`
-    tool_plan: ToolPlan | None = None  # chat requests with tools
 
 
-def resolve_constraint(fields: Fields, is_chat: bool, compiler: Callable[[], GrammarCompiler],
-                       chat_template: Any = None, tokenizer: Any = None) -> Constraint:
-    """The compiled grammar a request asks for (or none), after every shape check. Chat requests
-    with `tools` get their tool-call grammar (lamplight.tools) from the template's format."""
+def read_constraint(fields: Fields, is_chat: bool, chat_template: Any = None) -> ConstraintRequest:
+    """The constraint a request asks for (or none), after every shape check. Chat requests with
+    `tools` ask for their tool-call grammar (lamplight.tools), in the template's format."""
     grammar = fields.string("grammar", "")
     schema = _json_schema(fields)
     response_format, format_schema = _response_format(fields)
@@ -38,22 +47,37 @@ def resolve_constraint(fields: Fields, is_chat: bool, compiler: Callable[[], Gra
     if len(sources) > 1:
         raise invalid_request(f"Cannot use both {sources[0]} and {sources[1]}")
     if is_chat:
-        tools = _tool_constraint(fields, chat_template, tokenizer, sources, compiler)
+        tools = _tool_constraint(fields, chat_template, sources)
         if tools is not None:
             return tools
+    if grammar:
+        return ConstraintRequest("grammar", "grammar", grammar)
+    if schema is not None:
+        return ConstraintRequest("json_schema", "json_schema", schema)
+    if response_format == "json_object" and format_schema is None:
+        return ConstraintRequest("response_format", "json_object")
+    if response_format != "text":
+        return ConstraintRequest("response_format", "json_schema", format_schema)
+    return ConstraintRequest()
+
+
+def compile_constraint(request: ConstraintRequest, compiler: Callable[[], GrammarCompiler],
+                       tokenizer: Any) -> Constraint:
+    """The compiled grammar of `request`; a grammar that does not compile is a 400 naming its field.
+    `compiler()` is only called when there is something to compile."""
+    if request.kind == "tools":
+        return _compile_tools(request.tool_plan, compiler, tokenizer)
     try:
-        if grammar:
-            return Constraint(compiler().compile_grammar(grammar), grammar)
-        if schema is not None:
-            return Constraint(compiler().compile_json_schema(schema))
-        if response_format == "json_object" and format_schema is None:
+        if request.kind == "grammar":
+            return Constraint(compiler().compile_grammar(request.source), request.source)
+        if request.kind == "json_schema":
+            return Constraint(compiler().compile_json_schema(request.source))
+        if request.kind == "json_object":
             return Constraint(compiler().compile_any_json_object())
-        if response_format != "text":
-            return Constraint(compiler().compile_json_schema(format_schema))
     except GrammarError as error:
-        raise field_error(sources[0], str(error)) from None
+        raise field_error(request.source_field, str(error)) from None
     except RecursionError:
-        raise field_error(sources[0], "nested too deeply to compile") from None
+        raise field_error(request.source_field, "nested too deeply to compile") from None
     return Constraint()
 
 
@@ -103,9 +127,8 @@ def chat_tool_plan(fields: Fields, chat_template: Any) -> ToolPlan | None:
         raise (field_error(error.field, error.message) if error.field else invalid_request(error.message)) from None
 
 
-def _tool_constraint(fields: Fields, chat_template: Any, tokenizer: Any, sources: list[str],
-                     compiler: Callable[[], GrammarCompiler]) -> Constraint | None:
-    """The grammar of a request with tools (None when it has none). Tools do not combine with
+def _tool_constraint(fields: Fields, chat_template: Any, sources: list[str]) -> ConstraintRequest | None:
+    """The constraint of a request with tools (None when it has none). Tools do not combine with
     another constraint, whatever tool_choice says (llama-server refuses tools + grammar)."""
     plan = chat_tool_plan(fields, chat_template)
     if plan is None:
@@ -114,9 +137,13 @@ def _tool_constraint(fields: Fields, chat_template: Any, tokenizer: Any, sources
         if sources[0] == "grammar":
             raise invalid_request("Cannot use custom grammar constraints with tools.")
         raise invalid_request(f"Cannot use {sources[0]} with tools.")
+    return ConstraintRequest("tools", "tools", tool_plan=plan)
+
+
+def _compile_tools(plan: ToolPlan, compiler: Callable[[], GrammarCompiler], tokenizer: Any) -> Constraint:
     source = plan.grammar(tokenizer)
     if source is None:  # tool_choice "none": tools are only shown to the model
-        return Constraint(tool_plan=plan)
+        return Constraint()
     try:
         if source.kind == "json_schema":
             grammar = compiler().compile_json_schema(source.source)
@@ -124,4 +151,4 @@ def _tool_constraint(fields: Fields, chat_template: Any, tokenizer: Any, sources
             grammar = compiler().compile_lark(source.source)
     except GrammarError as error:
         raise field_error("tools", str(error)) from None
-    return Constraint(grammar, source.text, tool_plan=plan)
+    return Constraint(grammar, source.text)

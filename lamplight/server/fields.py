@@ -4,35 +4,21 @@ silent clamping), and fields nobody asks about are ignored."""
 
 from __future__ import annotations
 
-import math
 import re
-from typing import Any
+from typing import Any, Callable
+
+from lamplight.sampling.values import INT32_MAX, INT32_MIN, check_boolean, check_integer, check_number, is_number
 
 from .errors import ApiError, field_error
 
-INT32_MAX = 2**31 - 1
-INT32_MIN = -(2**31)
-# Sampling runs in float32: a larger finite double (1e308) would become inf there, and inf cannot
-# be echoed in JSON. So a number field holds what float32 holds.
-FLOAT32_MAX = 3.4028234663852886e38
+__all__ = ["INT32_MAX", "INT32_MIN", "Fields", "is_number", "value_error_as_field_error"]
 
 
-def _fmt(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(value)
-
-
-def _range_text(kind: str, minimum: float | None, maximum: float | None) -> str:
-    if minimum is not None and maximum is not None:
-        return f"must be {kind} in [{_fmt(minimum)}, {_fmt(maximum)}]"
-    if minimum is not None:
-        return f"must be {kind} >= {_fmt(minimum)}"
-    if maximum is not None:
-        return f"must be {kind} <= {_fmt(maximum)}"
-    return f"must be {kind}"
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _checked(name: str, check: Callable[..., None], value: Any, **bounds: Any) -> None:
+    try:
+        check(value, **bounds)
+    except ValueError as exc:
+        raise field_error(name, str(exc)) from None
 
 
 class Fields:
@@ -52,24 +38,13 @@ class Fields:
         return default if value is None else value
 
     def number(self, name: str, default: float, minimum: float | None = None,
-               maximum: float | None = None) -> float:
+               maximum: float | None = None, above: float | None = None) -> float:
+        """A number that float32 holds, in [minimum, maximum] and > `above` where given."""
         value = self.body.get(name)
         if value is None:
             return default
-        expected = _range_text("a number", minimum, maximum)
-        if not is_number(value) or not math.isfinite(value):
-            raise field_error(name, f"{expected}, got {value!r}")
-        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-            raise field_error(name, f"{expected}, got {_fmt(value)}")
-        if abs(value) > FLOAT32_MAX:
-            raise field_error(name, f"must be a number within float32's range (|x| <= {FLOAT32_MAX:.7g}), got {value!r}")
+        _checked(name, check_number, value, minimum=minimum, maximum=maximum, above=above)
         return float(value)
-
-    def positive_number(self, name: str, default: float) -> float:
-        value = self.number(name, default)
-        if value <= 0:
-            raise field_error(name, f"must be a number > 0, got {_fmt(value)}")
-        return value
 
     def integer(self, name: str, default: int, minimum: int | None = None,
                 maximum: int | None = None) -> int:
@@ -77,24 +52,17 @@ class Fields:
         value = self.body.get(name)
         if value is None:
             return default
-        expected = _range_text("an integer", minimum, maximum)
         # JSON has one number type: 4.0 from a JavaScript client is the integer 4.
         if isinstance(value, float) and value.is_integer():
             value = int(value)
-        if not is_number(value) or not isinstance(value, int):
-            raise field_error(name, f"{expected}, got {value!r}")
-        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-            raise field_error(name, f"{expected}, got {value}")
-        if (maximum is None and value > INT32_MAX) or (minimum is None and value < INT32_MIN):
-            raise field_error(name, f"{expected} that fits int32 [{INT32_MIN}, {INT32_MAX}], got {value}")
+        _checked(name, check_integer, value, minimum=minimum, maximum=maximum)
         return value
 
     def boolean(self, name: str, default: bool) -> bool:
         value = self.body.get(name)
         if value is None:
             return default
-        if not isinstance(value, bool):
-            raise field_error(name, f"must be a boolean, got {value!r}")
+        _checked(name, check_boolean, value)
         return value
 
     def string(self, name: str, default: str) -> str:

@@ -1,6 +1,9 @@
 """`generation_settings` (native responses) and `/props` default params, key for key as llama-server.
 
-Floats go through float32 as in llama.cpp (0.95 is echoed as 0.949999988079071).
+The sampling fields are echoed as their entries in lamplight.sampling.spec say (floats through
+float32 as in llama.cpp: 0.95 is echoed as 0.949999988079071), in SamplingParams' field order,
+which is llama-server's. Its other keys are written here, each after the sampling field it
+follows in llama-server's list.
 """
 
 from __future__ import annotations
@@ -8,25 +11,12 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-import numpy as np
+from lamplight.sampling.params import SamplingParams
+from lamplight.sampling.spec import echo_fields, f32, props_hidden
 
-from lamplight.sampling.params import RANDOM_SEED, SamplingParams
-
-# Keys /props leaves out of default_generation_settings.params.
-_NOT_IN_PROPS = ("dry_sequence_breakers", "stop", "logit_bias", "grammar", "grammar_lazy",
-                 "grammar_triggers", "preserved_tokens")
-
-
-def f32(value: float) -> float:
-    return float(np.float32(value))
-
-
-def _echo_seed(seed: int) -> int:
-    return RANDOM_SEED if seed == -1 else seed
-
-
-def logit_bias_json(bias: Iterable[tuple[int, float]]) -> list[dict]:
-    return [{"bias": None if math.isinf(b) else f32(b), "token": token} for token, b in bias]
+# Keys /props leaves out of default_generation_settings.params, besides the sampling fields whose
+# entry says so (dry_sequence_breakers, logit_bias).
+_NOT_IN_PROPS = ("stop", "grammar", "grammar_lazy", "grammar_triggers", "preserved_tokens")
 
 
 def generation_settings(sampling: SamplingParams, *, n_predict: int, stop: list[str], n_keep: int,
@@ -36,56 +26,46 @@ def generation_settings(sampling: SamplingParams, *, n_predict: int, stop: list[
     bias = list(sampling.logit_bias)
     if sampling.ignore_eos:
         bias += [(token, -math.inf) for token in sorted(eog_ids)]
+    following = _keys_after_fields(n_predict=n_predict, stop=stop, n_keep=n_keep, n_discard=n_discard, stream=stream,
+                                   timings_per_token=timings_per_token, lora_scales=lora_scales,
+                                   reasoning_format=reasoning_format, grammar=grammar)
+    settings = {}
+    for key, value in echo_fields(sampling, logit_bias=bias).items():
+        settings[key] = value
+        settings.update(following.get(key, {}))
+    return settings
+
+
+def _keys_after_fields(*, n_predict: int, stop: list[str], n_keep: int, n_discard: int, stream: bool,
+                       timings_per_token: bool, lora_scales: Iterable[float], reasoning_format: str,
+                       grammar: str) -> dict[str, dict]:
+    """llama-server's keys that are not sampling fields, by the sampling field they follow."""
     return {
-        "seed": _echo_seed(sampling.seed),
-        "temperature": f32(sampling.temperature),
-        "dynatemp_range": f32(sampling.dynatemp_range),
-        "dynatemp_exponent": f32(sampling.dynatemp_exponent),
-        "top_k": sampling.top_k,
-        "top_p": f32(sampling.top_p),
-        "min_p": f32(sampling.min_p),
-        "top_n_sigma": f32(sampling.top_n_sigma),
-        "xtc_probability": f32(sampling.xtc_probability),
-        "xtc_threshold": f32(sampling.xtc_threshold),
-        "typical_p": f32(sampling.typical_p),
-        "repeat_last_n": sampling.repeat_last_n,
-        "repeat_penalty": f32(sampling.repeat_penalty),
-        "presence_penalty": f32(sampling.presence_penalty),
-        "frequency_penalty": f32(sampling.frequency_penalty),
-        "dry_multiplier": f32(sampling.dry_multiplier),
-        "dry_base": f32(sampling.dry_base),
-        "dry_allowed_length": sampling.dry_allowed_length,
-        "dry_penalty_last_n": sampling.dry_penalty_last_n,
-        "dry_sequence_breakers": list(sampling.dry_sequence_breakers),
-        "mirostat": sampling.mirostat,
-        "mirostat_tau": f32(sampling.mirostat_tau),
-        "mirostat_eta": f32(sampling.mirostat_eta),
-        "adaptive_target": -1.0,  # adaptive-p is not implemented
-        "adaptive_decay": f32(0.9),
-        "stop": list(stop),
-        "max_tokens": n_predict,
-        "n_predict": n_predict,
-        "n_keep": n_keep,
-        "n_discard": n_discard,
-        "ignore_eos": sampling.ignore_eos,
-        "stream": stream,
-        "logit_bias": logit_bias_json(bias),
-        "n_probs": sampling.n_probs,
-        "min_keep": sampling.min_keep,
-        "grammar": grammar,
-        "grammar_lazy": False,
-        "grammar_triggers": [],
-        "preserved_tokens": [],
-        "chat_format": "Content-only",
-        "reasoning_format": reasoning_format,
-        "reasoning_in_content": False,
-        "generation_prompt": "",
-        "samplers": list(sampling.samplers),
-        "speculative.types": "none",
-        "timings_per_token": timings_per_token,
-        "post_sampling_probs": sampling.post_sampling_probs,
-        "backend_sampling": False,
-        "lora": [{"id": i, "scale": f32(scale)} for i, scale in enumerate(lora_scales)],
+        "mirostat_eta": {
+            "adaptive_target": -1.0,  # adaptive-p is not implemented
+            "adaptive_decay": f32(0.9),
+            "stop": list(stop),
+            "max_tokens": n_predict,
+            "n_predict": n_predict,
+            "n_keep": n_keep,
+            "n_discard": n_discard,
+        },
+        "ignore_eos": {"stream": stream},
+        "min_keep": {
+            "grammar": grammar,
+            "grammar_lazy": False,
+            "grammar_triggers": [],
+            "preserved_tokens": [],
+            "chat_format": "Content-only",
+            "reasoning_format": reasoning_format,
+            "reasoning_in_content": False,
+            "generation_prompt": "",
+        },
+        "samplers": {"speculative.types": "none", "timings_per_token": timings_per_token},
+        "post_sampling_probs": {
+            "backend_sampling": False,
+            "lora": [{"id": i, "scale": f32(scale)} for i, scale in enumerate(lora_scales)],
+        },
     }
 
 
@@ -102,6 +82,6 @@ def props_default_params(sampling: SamplingParams, n_predict: int, n_keep: int,
     settings = generation_settings(sampling, n_predict=n_predict, stop=[], n_keep=n_keep, n_discard=0,
                                    stream=False, timings_per_token=False,
                                    lora_scales=lora_scales(None, list(adapters)), reasoning_format="none")
-    for key in _NOT_IN_PROPS:
+    for key in (*_NOT_IN_PROPS, *props_hidden(sampling)):
         del settings[key]
     return settings

@@ -10,27 +10,32 @@ from typing import Any, Callable, Sequence
 
 import uvicorn
 
+from lamplight.serve_flags import MAX_DEFAULT_CTX, default_of
+
 from .connections import timed_protocol
 from .state import ServerState
-
-MAX_DEFAULT_CTX = 4096  # `-c 0` takes the model's training context, but not more than this
 
 
 @dataclass
 class EngineOptions:
-    n_ctx: int = 0  # 0: from the model (capped at MAX_DEFAULT_CTX)
-    n_parallel: int = 4
-    n_batch: int = 2048
-    n_ubatch: int = 512
-    queue_size: int = 64
-    context_shift: bool = False
+    """The engine's serve flags; the defaults are the flags' (lamplight.serve_flags)."""
+
+    n_ctx: int = default_of("engine.n_ctx")  # 0: from the model (capped at MAX_DEFAULT_CTX)
+    n_parallel: int = default_of("engine.n_parallel")
+    n_batch: int = default_of("engine.n_batch")
+    n_ubatch: int = default_of("engine.n_ubatch")
+    queue_size: int = default_of("engine.queue_size")
+    context_shift: bool = default_of("engine.context_shift")
     # LoRA adapters in load order (their ids): (path, scale) from `--lora` (scale 1) and
     # `--lora-scaled FNAME:SCALE`.
-    loras: Sequence[tuple[str, float]] = ()
-    lora_init_without_apply: bool = False  # every adapter starts at scale 0
-    compile: bool = False  # compile decode steps (torch.compile) at start-up
-    cache_type_k: str | None = None  # None: f16 on the native forward (llama-server's default), else f32
-    cache_type_v: str | None = None
+    loras: Sequence[tuple[str, float]] = default_of("engine.loras")
+    lora_init_without_apply: bool = default_of("engine.lora_init_without_apply")  # every adapter starts at scale 0
+    compile: bool = default_of("engine.compile")  # compile decode steps (torch.compile) at start-up
+    # fast: the native forward, else PyTorch's fast kernels; reference: float32
+    weights: str = default_of("engine.weights")
+    # None: f16 on the native forward (llama-server's default), else f32
+    cache_type_k: str | None = default_of("engine.cache_type_k")
+    cache_type_v: str | None = default_of("engine.cache_type_v")
 
 
 class StartupError(RuntimeError):

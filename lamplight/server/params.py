@@ -1,7 +1,9 @@
-"""A request body -> the generation parameters of a GenerationRequest plus how to answer.
+"""A request body -> its GenerationParams: every field validated, with the server's defaults.
 
 Field names and defaults are llama.cpp's (server semantics doc, section 2). Per-request values
-start from the server's CLI defaults (`--temp`, `--top-k`, ..., `-n`).
+start from the server's CLI defaults (`--temp`, `--top-k`, ..., `-n`). The sampling fields are read
+as their entries in lamplight.sampling.spec say. Parsing only checks and converts: compiling the
+grammar and building DRY's breaker table are the next step's work (lamplight.server.prepare).
 """
 
 from __future__ import annotations
@@ -9,26 +11,21 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from lamplight.chat.reasoning import REASONING_FORMATS
 from lamplight.engine.types import GenerationRequest
-from lamplight.sampling.dry import BreakerTable
 from lamplight.sampling.logit_bias import resolve_logit_bias
 from lamplight.sampling.params import SamplingParams, effective_seed, parse_samplers
-from lamplight.sampling.sequence import uses_dry
+from lamplight.sampling.spec import FieldSpec, sampling_fields, server_defaults
 
-from .constraints import check_grammar_size, resolve_constraint
+from .constraints import ConstraintRequest, check_grammar_size, read_constraint
 from .errors import ApiError, field_error, invalid_request
 from .fields import INT32_MAX, Fields, value_error_as_field_error
 from .settings import RequestLimits, ServerSettings
 
-UINT32_MAX = 0xFFFFFFFF
 DEFAULT_TOP_LOGPROBS = 20  # llama-server's default when a chat request sets `logprobs: true`
 NO_MULTIMODAL = "this model has no multimodal projector"
-
-# llama-server's own defaults where they differ from the sampling library's.
-SERVER_SAMPLING_DEFAULTS = {"dry_penalty_last_n": 64}
 
 
 class Endpoint(enum.Enum):
@@ -37,150 +34,111 @@ class Endpoint(enum.Enum):
     CHAT = "chat"  # /v1/chat/completions, /chat/completions
 
 
-# (field, reader, reader arguments) for the plain numeric and boolean sampling fields.
-_SAMPLING_FIELDS: tuple[tuple[str, str, dict], ...] = (
-    ("temperature", "number", {"minimum": 0}),
-    ("dynatemp_range", "number", {"minimum": 0}),
-    ("dynatemp_exponent", "number", {"minimum": 0}),
-    ("top_k", "integer", {}),  # <= 0 disables top-k
-    ("top_p", "number", {"minimum": 0, "maximum": 1}),
-    ("min_p", "number", {"minimum": 0, "maximum": 1}),
-    ("typical_p", "number", {"minimum": 0, "maximum": 1}),
-    ("top_n_sigma", "number", {}),  # <= 0 disables it
-    ("min_keep", "integer", {"minimum": 0}),
-    ("xtc_probability", "number", {"minimum": 0, "maximum": 1}),
-    ("xtc_threshold", "number", {"minimum": 0, "maximum": 1}),
-    ("repeat_last_n", "integer", {"minimum": -1}),
-    ("repeat_penalty", "positive_number", {}),
-    ("presence_penalty", "number", {}),
-    ("frequency_penalty", "number", {}),
-    ("dry_multiplier", "number", {"minimum": 0}),
-    ("dry_base", "number", {"minimum": 1}),
-    ("dry_allowed_length", "integer", {"minimum": 0}),
-    ("dry_penalty_last_n", "integer", {"minimum": -1}),
-    ("mirostat", "integer", {"minimum": 0, "maximum": 2}),
-    ("mirostat_tau", "number", {"minimum": 0}),
-    ("mirostat_eta", "number", {"minimum": 0}),
-    ("ignore_eos", "boolean", {}),
-    ("seed", "integer", {"minimum": -1, "maximum": UINT32_MAX}),
-    ("post_sampling_probs", "boolean", {}),
-)
-
-
-@dataclass
+@dataclass(frozen=True)
 class GenerationParams:
-    """Everything a completion request asked for, validated, with server defaults filled in."""
+    """Everything a completion request asked for, validated, with the server's defaults filled in.
 
-    sampling: SamplingParams  # `seed` as requested (-1: random), for the echo
-    seed: int  # the seed the engine really uses
-    n_predict: int
-    stop: list[str]
-    n_choices: int = 1
-    cache_prompt: bool = True
-    id_slot: int = -1
-    n_indent: int = 0
-    t_max_predict_ms: float = -1.0
-    n_keep: int = 0
-    n_discard: int = 0
+    Built once by parse_generation_params; each later step (prepare_request, the chat prompt, the
+    settings echo) returns a new record with what it adds.
+    """
+
+    request: GenerationRequest  # what the engine runs, all but the prompt (request_for adds it)
+    sampling: SamplingParams  # as requested (`seed` -1: random), for the echo; request.sampling has the seed drawn
+    constraint: ConstraintRequest = field(default_factory=ConstraintRequest)  # compiled by prepare_request
     stream: bool = False
     include_usage: bool = False
     return_tokens: bool = False
     timings_per_token: bool = False
-    return_progress: bool = False
     response_fields: list[str] = field(default_factory=list)
-    lora: list[tuple[int, float]] | None = None  # None: the server's adapter scales
     logprobs: bool = False  # OpenAI answers carry `logprobs`
     top_logprobs: int | None = None  # chat: alternatives shown per token (n_probs may be 1 more)
-    settings_echo: dict | None = None  # generation_settings, echoed by the engine in /slots
-    grammar: Any = None  # lamplight.grammar.CompiledGrammar
-    grammar_text: str = ""
-    tool_plan: Any = None  # lamplight.tools.ToolPlan: chat requests with `tools`
     reasoning_format: str = "auto"  # chat: how thinking is split from the answer (lamplight.chat.reasoning)
-    reasoning: Any = None  # lamplight.chat.reasoning.ReasoningPlan, set once the prompt is rendered
-    answer_wrapper: Any = None  # lamplight.chat.answer_wrappers.AnswerWrapper: chat, markers around the answer
     reasoning_budget: int = -1  # chat: tokens of thinking (-1 unlimited, 0 off): `reasoning_budget_tokens`
     reasoning_budget_message: str = ""  # chat: forced before the end of thinking when the budget runs out
-    reasoning_budget_spec: Any = None  # lamplight.sampling.ReasoningBudgetSpec, set once the prompt is rendered
-    dry_breakers: Any = None  # lamplight.sampling.dry.BreakerTable when DRY runs
+    # Added by the steps after parsing:
+    grammar_text: str = ""  # generation_settings' `grammar` (prepare_request)
+    reasoning: Any = None  # lamplight.chat.reasoning.ReasoningPlan (the chat prompt)
+    answer_wrapper: Any = None  # lamplight.chat.answer_wrappers.AnswerWrapper (the chat prompt)
+
+    @property
+    def n_choices(self) -> int:
+        return self.request.n_choices
 
     @property
     def n_probs(self) -> int:
         return self.sampling.n_probs
 
+    @property
+    def tool_plan(self) -> Any:
+        """lamplight.tools.ToolPlan of a chat request with `tools`, else None."""
+        return self.constraint.tool_plan
+
+    def with_request(self, **changes: Any) -> "GenerationParams":
+        """This record with those fields of its engine request replaced."""
+        return dataclasses.replace(self, request=dataclasses.replace(self.request, **changes))
+
     def request_for(self, prompt_tokens: list[int]) -> GenerationRequest:
-        return GenerationRequest(
-            prompt_tokens=prompt_tokens,
-            sampling=dataclasses.replace(self.sampling, seed=self.seed),
-            n_predict=self.n_predict,
-            stop=tuple(self.stop),
-            cache_prompt=self.cache_prompt,
-            id_slot=self.id_slot,
-            n_choices=self.n_choices,
-            return_progress=self.return_progress and self.stream,
-            n_indent=self.n_indent,
-            n_keep=self.n_keep,
-            n_discard=self.n_discard,
-            lora=self.lora,
-            t_max_predict_ms=self.t_max_predict_ms,
-            settings=self.settings_echo,
-            grammar=self.grammar,
-            reasoning_budget=self.reasoning_budget_spec,
-            dry_breakers=self.dry_breakers,
-        )
+        return dataclasses.replace(self.request, prompt_tokens=prompt_tokens)
 
 
 def default_sampling(settings: ServerSettings) -> SamplingParams:
-    return SamplingParams(**{**SERVER_SAMPLING_DEFAULTS, **settings.sampling_defaults})
+    """What a request samples with unless it says otherwise: llama-server's defaults, then the flags'."""
+    return SamplingParams(**{**server_defaults(SamplingParams), **settings.sampling_defaults})
 
 
-def parse_generation_params(body: dict, endpoint: Endpoint, settings: ServerSettings,
-                            tokenizer: Any, n_parallel: int, grammar_compiler: Any = None,
-                            chat_template: Any = None) -> GenerationParams:
-    """`grammar_compiler`: a callable returning the model's GrammarCompiler (made on first use).
-    `chat_template`: the model's ChatTemplate, which decides the tool-call format (chat only)."""
+def parse_generation_params(body: dict, endpoint: Endpoint, settings: ServerSettings, tokenizer: Any,
+                            n_parallel: int, chat_template: Any = None) -> GenerationParams:
+    """A 400 naming the first bad field, else the request's parameters. `tokenizer` resolves
+    logit_bias strings; `chat_template`, the model's ChatTemplate, decides the tool-call format
+    (chat only). Nothing is compiled here: prepare_request does that next."""
     fields = Fields(body)
     limits = settings.limits
     reject_unsupported_inputs(fields)
     check_grammar_size(fields, limits.max_grammar_bytes)
-    constraint = resolve_constraint(fields, endpoint is Endpoint.CHAT, grammar_compiler or _no_grammars,
-                                    chat_template, tokenizer)
-    sampling = _sampling(fields, settings, tokenizer, endpoint)
+    constraint = read_constraint(fields, endpoint is Endpoint.CHAT, chat_template)
+    n_probs, logprobs, top_logprobs = _probabilities(fields, endpoint, limits.max_n_probs)
+    sampling = _sampling(_SamplingInputs(fields, limits, tokenizer, n_probs), default_sampling(settings))
     stream = fields.boolean("stream", False)
-    params = GenerationParams(
+    request = _engine_request(fields, settings, sampling, n_parallel, stream)
+    fields.integer("n_cache_reuse", 0, minimum=0)  # accepted; chunk reuse is not implemented
+    return GenerationParams(
+        request=request,
         sampling=sampling,
-        seed=effective_seed(sampling.seed),
-        n_predict=_n_predict(fields, settings),
-        stop=_stop_strings(fields, limits),
-        n_choices=_n_choices(fields, n_parallel),
-        cache_prompt=fields.boolean("cache_prompt", True),
-        id_slot=fields.integer("id_slot", -1, minimum=-1),
-        n_indent=fields.integer("n_indent", 0, minimum=0),
-        t_max_predict_ms=fields.number("t_max_predict_ms", -1.0, minimum=-1),
-        n_keep=fields.integer("n_keep", settings.n_keep, minimum=-1),
-        n_discard=fields.integer("n_discard", 0, minimum=0),
+        constraint=constraint,
         stream=stream,
         include_usage=_include_usage(fields) and stream,
         return_tokens=fields.boolean("return_tokens", False),
         timings_per_token=fields.boolean("timings_per_token", False),
-        return_progress=fields.boolean("return_progress", False),
         response_fields=fields.string_list("response_fields", []),
-        lora=_lora(fields),
-        grammar=constraint.grammar,
-        grammar_text=constraint.echo,
-        tool_plan=constraint.tool_plan,
-        dry_breakers=_dry_breakers(sampling, tokenizer),
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        reasoning_format=_reasoning_format(fields) if endpoint is Endpoint.CHAT else "auto",
+        # llama.cpp HEAD's per-request fields; they act on chat replies of templates that think.
+        reasoning_budget=fields.integer("reasoning_budget_tokens", settings.reasoning_budget,
+                                        minimum=-1, maximum=INT32_MAX),
+        reasoning_budget_message=fields.string("reasoning_budget_message", settings.reasoning_budget_message),
     )
-    # llama.cpp HEAD's per-request fields; they act on chat replies of templates that think.
-    params.reasoning_budget = fields.integer("reasoning_budget_tokens", settings.reasoning_budget,
-                                             minimum=-1, maximum=INT32_MAX)
-    params.reasoning_budget_message = fields.string("reasoning_budget_message", settings.reasoning_budget_message)
-    fields.integer("n_cache_reuse", 0, minimum=0)  # accepted; chunk reuse is not implemented
-    if endpoint is Endpoint.CHAT:
-        _chat_logprobs(fields, params, limits.max_n_probs)
-        params.reasoning_format = _reasoning_format(fields)
-    elif endpoint is Endpoint.COMPLETIONS:
-        params.logprobs = params.n_probs > 0
-    return params
+
+
+def _engine_request(fields: Fields, settings: ServerSettings, sampling: SamplingParams, n_parallel: int,
+                    stream: bool) -> GenerationRequest:
+    """The engine's part of the request, without its prompt; the grammar, DRY's breakers, the
+    reasoning budget and the settings echo are added by the steps after parsing."""
+    return GenerationRequest(
+        prompt_tokens=[],
+        sampling=dataclasses.replace(sampling, seed=effective_seed(sampling.seed)),
+        n_predict=_n_predict(fields, settings),
+        stop=_stop_strings(fields, settings.limits),
+        cache_prompt=fields.boolean("cache_prompt", True),
+        id_slot=fields.integer("id_slot", -1, minimum=-1),
+        n_choices=_n_choices(fields, n_parallel),
+        return_progress=fields.boolean("return_progress", False) and stream,
+        n_indent=fields.integer("n_indent", 0, minimum=0),
+        n_keep=fields.integer("n_keep", settings.n_keep, minimum=-1),
+        n_discard=fields.integer("n_discard", 0, minimum=0),
+        lora=_lora(fields),
+        t_max_predict_ms=fields.number("t_max_predict_ms", -1.0, minimum=-1),
+    )
 
 
 def _reasoning_format(fields: Fields) -> str:
@@ -188,14 +146,6 @@ def _reasoning_format(fields: Fields) -> str:
     if value not in REASONING_FORMATS:
         raise field_error("reasoning_format", f"must be one of {', '.join(REASONING_FORMATS)}, got {value!r}")
     return value
-
-
-def _dry_breakers(sampling: SamplingParams, tokenizer: Any) -> Any:
-    """DRY's breaker table, built here in the request's thread: it walks the vocabulary once per
-    breaker, which would hold up every stream if the engine thread did it."""
-    if not uses_dry(sampling):
-        return None
-    return BreakerTable.for_tokenizer(tokenizer, sampling.dry_sequence_breakers)
 
 
 def _stop_strings(fields: Fields, limits: RequestLimits) -> list[str]:
@@ -208,68 +158,110 @@ def _stop_strings(fields: Fields, limits: RequestLimits) -> list[str]:
     return stop
 
 
-def _no_grammars():
-    raise invalid_request("constrained decoding is not available on this server")
-
-
 def reject_unsupported_inputs(fields: Fields) -> None:
     if fields.raw("multimodal_data"):
         raise invalid_request(NO_MULTIMODAL)
 
 
-def _sampling(fields: Fields, settings: ServerSettings, tokenizer: Any, endpoint: Endpoint) -> SamplingParams:
-    params = default_sampling(settings)
-    for name, reader, options in _SAMPLING_FIELDS:
-        setattr(params, name, getattr(fields, reader)(name, getattr(params, name), **options))
-    limits = settings.limits
-    params.dry_sequence_breakers = fields.string_list(
-        "dry_sequence_breakers", params.dry_sequence_breakers, non_empty=True)
-    if len(params.dry_sequence_breakers) > limits.max_dry_breakers:
-        raise field_error("dry_sequence_breakers", f"at most {limits.max_dry_breakers} breakers (--max-dry-breakers), "
-                                                   f"got {len(params.dry_sequence_breakers)}")
-    params.n_probs = _n_probs(fields, endpoint, limits.max_n_probs)
-    try:
-        if fields.given("samplers"):
-            params.samplers = parse_samplers(fields.raw("samplers"))
-        if fields.given("logit_bias"):
-            params.logit_bias = _logit_bias(fields, tokenizer, limits.max_logit_bias)
-        params.validate()
-    except ValueError as exc:
-        raise value_error_as_field_error(exc) from None
-    return params
+# -- sampling fields ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _SamplingInputs:
+    """What the fields read with more than their table entry need."""
+
+    fields: Fields
+    limits: RequestLimits
+    tokenizer: Any
+    n_probs: int  # decided with the endpoint's logprobs fields (_probabilities)
 
 
-def _logit_bias(fields: Fields, tokenizer: Any, limit: int) -> list[tuple[int, float]]:
+def _breakers(inputs: _SamplingInputs, default: list[str]) -> list[str]:
+    breakers = inputs.fields.string_list("dry_sequence_breakers", default, non_empty=True)
+    limit = inputs.limits.max_dry_breakers
+    if len(breakers) > limit:
+        raise field_error("dry_sequence_breakers",
+                          f"at most {limit} breakers (--max-dry-breakers), got {len(breakers)}")
+    return breakers
+
+
+def _samplers(inputs: _SamplingInputs, default: list[str]) -> list[str]:
+    return parse_samplers(inputs.fields.raw("samplers")) if inputs.fields.given("samplers") else default
+
+
+def _logit_bias(inputs: _SamplingInputs, default: list[tuple[int, float]]) -> list[tuple[int, float]]:
     """Bounded before and after resolving: every entry costs work on the engine thread each step."""
-    raw = fields.raw("logit_bias")
+    raw, limit = inputs.fields.raw("logit_bias"), inputs.limits.max_logit_bias
+    if raw is None:
+        return default
     if isinstance(raw, (list, dict)) and len(raw) > limit:
         raise field_error("logit_bias", f"at most {limit} entries (--max-logit-bias), got {len(raw)}")
-    resolved = resolve_logit_bias(raw, tokenizer, tokenizer.vocab_size)
+    resolved = resolve_logit_bias(raw, inputs.tokenizer, inputs.tokenizer.vocab_size)
     if len(resolved) > limit:
         raise field_error("logit_bias", f"the entries name {len(resolved)} tokens, more than the limit of {limit} "
                                         f"(--max-logit-bias)")
     return resolved
 
 
-def _n_probs(fields: Fields, endpoint: Endpoint, limit: int) -> int:
-    if endpoint is Endpoint.COMPLETIONS and not fields.given("n_probs"):
-        return fields.integer("logprobs", 0, minimum=0, maximum=limit)
-    if endpoint is Endpoint.CHAT and fields.raw("logprobs") is True:
-        return 0  # decided by _chat_logprobs
-    return fields.integer("n_probs", 0, minimum=0, maximum=limit)
+# The sampling fields read with more than their table entry: request limits, the tokenizer, the
+# endpoint's logprobs rules. Every other field is read as its entry says (read_sampling_field).
+_READ_WITH_INPUTS: dict[str, Callable[[_SamplingInputs, Any], Any]] = {
+    "dry_sequence_breakers": _breakers,
+    "logit_bias": _logit_bias,
+    "samplers": _samplers,
+    "n_probs": lambda inputs, default: inputs.n_probs,
+}
+
+_KIND_READERS: dict[str, Callable[..., Any]] = {
+    "number": Fields.number,
+    "integer": Fields.integer,
+    "boolean": Fields.boolean,
+    "list": lambda fields, name, default: fields.raw(name, default),  # checked by SamplingParams.validate
+}
 
 
-def _chat_logprobs(fields: Fields, params: GenerationParams, limit: int) -> None:
+def read_sampling_field(fields: Fields, name: str, spec: FieldSpec, default: Any) -> Any:
+    """One sampling field as its table entry says: its kind and range, under its name or an alias."""
+    given = fields.first_given(name, *spec.aliases) or name
+    return _KIND_READERS[spec.kind](fields, given, default, **spec.bounds())
+
+
+def _sampling(inputs: _SamplingInputs, defaults: SamplingParams) -> SamplingParams:
+    """Every sampling field, read over `defaults`, then checked together (samplers, breakers...)."""
+    values = {}
+    try:
+        for name, spec in sampling_fields(SamplingParams):
+            default = getattr(defaults, name)
+            read = _READ_WITH_INPUTS.get(name)
+            values[name] = read(inputs, default) if read else read_sampling_field(inputs.fields, name, spec, default)
+        sampling = SamplingParams(**values)
+        sampling.validate()
+    except ValueError as exc:
+        raise value_error_as_field_error(exc) from None
+    return sampling
+
+
+def _probabilities(fields: Fields, endpoint: Endpoint, limit: int) -> tuple[int, bool, int | None]:
+    """(n_probs, logprobs, top_logprobs): how many probabilities each step reports, whether an
+    OpenAI answer carries `logprobs`, and (chat) how many alternatives it shows per token."""
+    if endpoint is Endpoint.CHAT:
+        return _chat_probabilities(fields, limit)
+    if endpoint is Endpoint.COMPLETIONS:
+        name = "n_probs" if fields.given("n_probs") else "logprobs"
+        n_probs = fields.integer(name, 0, minimum=0, maximum=limit)
+        return n_probs, n_probs > 0, None
+    return fields.integer("n_probs", 0, minimum=0, maximum=limit), False, None
+
+
+def _chat_probabilities(fields: Fields, limit: int) -> tuple[int, bool, int | None]:
     logprobs = fields.boolean("logprobs", False)
     top = fields.integer("top_logprobs", DEFAULT_TOP_LOGPROBS, minimum=0, maximum=limit)
     if fields.given("top_logprobs") and not logprobs:
         raise invalid_request("top_logprobs requires logprobs to be set to true")
-    params.logprobs = params.n_probs > 0
     if logprobs:
-        params.logprobs = True
-        params.top_logprobs = top
         # The chosen token's own logprob needs at least one probability per step.
-        params.sampling.n_probs = max(top, 1)
+        return max(top, 1), True, top
+    n_probs = fields.integer("n_probs", 0, minimum=0, maximum=limit)
+    return n_probs, n_probs > 0, None
 
 
 def _n_predict(fields: Fields, settings: ServerSettings) -> int:
