@@ -33,8 +33,8 @@ def _startup_problem(args: argparse.Namespace) -> str | None:
 
 def run_serve(args: argparse.Namespace) -> int:
     from lamplight.server import ServerState
-    import lamplight
-    from lamplight.server.launcher import build_engine, memory_line, serve
+    from lamplight.server.launcher import build_engine, load_model, serve
+    from lamplight.server.memory import memory_line
 
     problem = _startup_problem(args)
     if problem is not None:
@@ -59,9 +59,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     def load():
         _say(f"loading model {args.model}")
-        loaded = lamplight.load(args.model, chat_template=args.chat_template,
-                                chat_template_file=args.chat_template_file, progress=_say,
-                                fast=options.weights == "fast")
+        loaded = load_model(args.model, options, chat_template=args.chat_template,
+                            chat_template_file=args.chat_template_file, progress=_say)
         _say(f"kernels: {loaded.kernels}")
         engine = build_engine(loaded, options)
         _say(f"memory: {memory_line(loaded, engine)}")

@@ -20,20 +20,20 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize
+from model_helpers import runner_for
 from test_engine import test_shifted_kv_equals_recomputation as check_shifted_kv
 from test_engine import until_first_eog
 from test_models import test_batched_sequences_equal_each_alone as check_batched_equal_alone
 from test_models import test_incremental_decode_equals_full_scoring as check_incremental_decode
-from tiny_gguf import TINY_ARCHS, write_tiny_arch
+from tiny_gguf import TINY_ARCHS, write_tiny_arch, write_tiny_gemma3, write_tiny_llama
 
 import lamplight
 from lamplight.gguf.file import GGUFError, GGUFFile
 from lamplight.gguf.quant import dequantize_mxfp4
-from lamplight.kernels.fast_path import use_fast_path
-from lamplight.models import ARCHITECTURES, load_model
+from lamplight.models import ARCHITECTURES, define_model
 from lamplight.models.layers import Rotary
 from lamplight.models.rope_scaling import RopeScaling, yarn_corr_dims
-from lamplight.models.scoring import greedy, score
+from lamplight.runner import greedy, score
 
 GOLDEN_ARCHS = ["llama", "qwen2", "qwen3", "mistral3", "gemma2", "olmo2", "granite", "phi3", "qwen3moe", "gpt-oss"]
 ATOL = 0.05  # on top of twice llama.cpp's own quantization noise (README's suggested check)
@@ -50,32 +50,30 @@ def _greedy_prompt_len() -> int:
     return int(json.loads((reference_dir() / "archs" / "index.json").read_text())["greedy_prompt_len"])
 
 
-def native_or_skip(model):
-    """`model` with the native forward attached; skipped where there is none (no compiler, or an
-    architecture the native forward refuses, such as mixture-of-experts layers)."""
+def native_or_skip(gguf: GGUFFile):
+    """The file's native runner; skipped where there is none (no compiler, or an architecture
+    the native forward refuses)."""
     from lamplight.native import runtime
-    from lamplight.native.runner import NativeModel, NativeUnsupported
+    from lamplight.native.runner import NativeRunner, NativeUnsupported
 
     lib = runtime.library()
     if lib is None:
         pytest.skip(f"no native kernels here: {runtime.unavailable_reason()}")
     try:
-        model.native = NativeModel(model, lib)
+        return NativeRunner(define_model(gguf), lib)
     except NativeUnsupported as exc:
-        pytest.skip(f"no native forward for {model.config.architecture}: {exc}")
-    return model
+        pytest.skip(f"no native forward for {gguf.architecture}: {exc}")
 
 
 @pytest.fixture(scope="module")
 def golden_models():
-    """Each golden file loaded once per path: the reference path, or the native forward."""
+    """Each golden file's runner, made once per path: the reference path, or the native forward."""
     cache: dict[tuple[str, str], object] = {}
 
     def get(arch: str, path: str = "reference"):
         if (arch, path) not in cache:
             gguf, rows = _golden(arch)
-            model = load_model(gguf)
-            cache[arch, path] = (native_or_skip(model) if path == "native" else model, rows)
+            cache[arch, path] = (native_or_skip(gguf) if path == "native" else runner_for(gguf), rows)
         return cache[arch, path]
 
     return get
@@ -84,9 +82,9 @@ def golden_models():
 ROUTING_TIE = 0.005  # a gap this small between the k-th and the next expert's router probability
 
 
-def _near_tied_routing(model, tokens: list[int]) -> torch.Tensor:
-    """Per position: whether some MoE layer's expert choice is nearly tied on the reference path
-    (always False for dense models)."""
+def _near_tied_routing(runner, tokens: list[int]) -> torch.Tensor:
+    """Per position: whether some MoE layer's expert choice is nearly tied on the reference
+    runner's modules (always False for dense models)."""
     from lamplight.models.moe import MoEFeedForward
 
     tied = torch.zeros(len(tokens), dtype=torch.bool)
@@ -97,9 +95,9 @@ def _near_tied_routing(model, tokens: list[int]) -> torch.Tensor:
         top = probs.topk(layer.n_used + 1, dim=-1).values
         tied |= (top[:, layer.n_used - 1] - top[:, layer.n_used]) < ROUTING_TIE
 
-    hooks = [b.ffn.register_forward_hook(check) for b in model.blocks if isinstance(getattr(b, "ffn", None), MoEFeedForward)]
+    hooks = [b.ffn.register_forward_hook(check) for b in runner.model.blocks if isinstance(b.ffn, MoEFeedForward)]
     try:
-        score(model, tokens)
+        score(runner, tokens)
     finally:
         for hook in hooks:
             hook.remove()
@@ -147,7 +145,7 @@ def test_logits_match_llama_cpp(arch, path, golden_models):
 
 def test_f32_control_matches_to_1e4():
     gguf, rows = _golden("llama-f32")
-    model = load_model(gguf)
+    model = runner_for(gguf)
     worst = max((score(model, row["tokens"]) - torch.tensor(row["logits"])).abs().max().item() for row in rows)
     print(f"\nllama-f32 control: max |logit diff| {worst:.2e}")
     assert worst < 2e-4  # the goldens are rounded to 5 decimals
@@ -157,7 +155,7 @@ def test_f32_control_matches_to_1e4():
 def test_fast_path_agrees_with_reference(arch, golden_models):
     """PyTorch's fast kernels (packed int4, int8 head) stay close to the reference path."""
     reference, rows = golden_models(arch)
-    fast = use_fast_path(load_model(_golden(arch)[0]))
+    fast = runner_for(_golden(arch)[0], "pytorch")
     worst, agree, total = 0.0, 0, 0
     for row in rows:
         a, b = score(fast, row["tokens"]), score(reference, row["tokens"])
@@ -174,7 +172,7 @@ def test_fast_path_agrees_with_reference(arch, golden_models):
 @pytest.fixture(scope="module", params=sorted(TINY_ARCHS))
 def tiny_arch(request, tmp_path_factory):
     path = write_tiny_arch(tmp_path_factory.mktemp("arch") / f"{request.param}.gguf", request.param)
-    return path, load_model(GGUFFile(path))
+    return path, runner_for(path)
 
 
 def test_incremental_decode_equals_full_scoring(tiny_arch):
@@ -215,13 +213,13 @@ def test_engine_greedy_equals_reference(tiny_arch):
 
 
 def test_fast_load_serves_native_or_falls_back(tiny_arch):
-    """`fast=True` serves every architecture on the native forward (PyTorch's kernels without a
-    compiler); either stays close to the reference path."""
+    """The fast backend serves every architecture on the native forward (PyTorch's kernels without
+    a compiler); either stays close to the reference path."""
     path, reference = tiny_arch
-    loaded = lamplight.load(path, fast=True)
-    assert loaded.model.native is not None or loaded.kernels.startswith("pytorch fast (no C++ compiler")
+    loaded = lamplight.load(path, backend="fast")
+    assert loaded.runner.backend == "native" or loaded.kernels.startswith("pytorch fast (no C++ compiler")
     ids = list(range(20, 44))
-    fast, ref = score(loaded.model, ids), score(reference, ids)
+    fast, ref = score(loaded.runner, ids), score(reference, ids)
     assert (fast.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8
     assert (fast - ref).abs().max() < 0.1 * ref.abs().max() + 0.5
 
@@ -238,7 +236,7 @@ def test_unsupported_architecture_is_refused_by_name(tmp_path):
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(GGUFError) as exc:
-        load_model(GGUFFile(tmp_path / "ds.gguf"))
+        define_model(GGUFFile(tmp_path / "ds.gguf"))
     message = str(exc.value)
     assert "'deepseek2'" in message and all(arch in message for arch in ARCHITECTURES)
 
@@ -248,7 +246,7 @@ def test_longrope_files_are_refused_clearly(tmp_path):
     gguf = GGUFFile(path)
     gguf.tensors["rope_factors_long.weight"] = gguf.tensors["output_norm.weight"]
     with pytest.raises(GGUFError, match="LongRoPE"):
-        load_model(gguf)
+        define_model(gguf)
 
 
 def test_mxfp4_dequantizes_like_ggml():
@@ -290,3 +288,49 @@ def test_yarn_rope_hand_computed():
     cos, sin, _ = rope.angles(torch.tensor([3]))
     torch.testing.assert_close(cos[0, 0], torch.tensor([mscale * math.cos(t) for t in theta]))
     torch.testing.assert_close(sin[0, 0], torch.tensor([mscale * math.sin(t) for t in theta]))
+
+
+# -- rope scaling, read by every architecture -------------------------------------------------------
+
+EVERY_ARCH = ["llama", "gemma3", *sorted(TINY_ARCHS)]
+
+
+def _write_any(arch: str, path, keys: dict | None = None):
+    if arch == "mistral3":  # its query temperature needs a length where no YaRN context gives one
+        keys = {"attention.temperature_length": 16, **(keys or {})}
+    if arch == "llama":
+        return write_tiny_llama(path, keys=keys)
+    if arch == "gemma3":
+        return write_tiny_gemma3(path, keys=keys)
+    return write_tiny_arch(path, arch, keys=keys)
+
+
+@pytest.mark.parametrize("kind", ["linear", "yarn"])
+@pytest.mark.parametrize("arch", EVERY_ARCH)
+def test_rope_scaling_is_read_by_every_architecture(arch, kind, tmp_path):
+    """A file's rope.scaling.* keys change the full-attention layers' rotation (the hand-written
+    llama and gemma3 models once ignored them); Gemma 3's local layers keep base 10000 unscaled,
+    as llama.cpp's; every backend computes the scaled file alike."""
+    keys = {"rope.scaling.type": kind, "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 64}
+    scaled = runner_for(_write_any(arch, tmp_path / "scaled.gguf", keys))
+    full = scaled.spec.ropes[0]
+    assert full.scaling.kind == kind and full.scaling.freq_scale == 0.25
+    if arch == "gemma3":
+        local = scaled.spec.ropes[1]
+        assert local.base == 10000.0 and local.scaling.kind == "none"
+    plain = runner_for(_write_any(arch, tmp_path / "plain.gguf", {"rope.scaling.type": "none"}))
+    ids = list(range(20, 60))
+    reference, unscaled = score(scaled, ids), score(plain, ids)
+    assert not torch.allclose(reference, unscaled, atol=1e-3)
+    # The fast backend (native, else PyTorch's) scales alike: it follows the scaled reference,
+    # far closer to it than to the unscaled one.
+    fast = score(runner_for(tmp_path / "scaled.gguf", "fast"), ids)
+    assert (fast.argmax(-1) == reference.argmax(-1)).float().mean() >= 0.8
+    assert (fast - reference).abs().mean() < 0.5 * (fast - unscaled).abs().mean()
+
+
+@pytest.mark.parametrize("arch", EVERY_ARCH)
+def test_unknown_rope_scaling_is_refused_by_every_architecture(arch, tmp_path):
+    path = _write_any(arch, tmp_path / "m.gguf", {"rope.scaling.type": "longrope", "rope.scaling.factor": 4.0})
+    with pytest.raises(GGUFError, match="rope scaling 'longrope' is not supported"):
+        define_model(GGUFFile(path))

@@ -6,36 +6,34 @@ from __future__ import annotations
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
+from model_helpers import paged_state, runner_for
 from tiny_gguf import write_tiny_gemma3, write_tiny_llama
 
-from lamplight.engine.kv_cache import BlockTable, KVCache
+from lamplight.engine.kv_cache import BlockTable
 from lamplight.gguf.file import GGUFFile
-from lamplight.kernels.compiled import CompiledDecode
-from lamplight.kernels.fast_path import use_fast_path
-from lamplight.models import load_model
 from lamplight.models.batch import SequenceChunk, build_forward_batch
 
 
 def _prefilled(model, lengths):
-    cache = KVCache(model.config.kv_layout, num_blocks=128, block_size=8)
+    state, cache = paged_state(model, num_blocks=128, block_size=8)
     tables = []
     for k, n in enumerate(lengths):
         table = BlockTable(cache)
         table.fill_to(n)
         ids = [(7 * i + 3 * k) % 200 + 10 for i in range(n)]
-        model(build_forward_batch([SequenceChunk(ids, 0, table.slots(), need_logits=False)]), cache)
+        model.run([SequenceChunk(ids, 0, table.slots(), need_logits=False)], state)
         tables.append(table)
-    return cache, tables
+    return (state, cache), tables
 
 
-def _decode(forward, cache, tables, token=42):
+def _decode(runner, paged, tables, token=42):
     """One decode step for every table; the tables are rewound so the step can be repeated."""
     chunks = []
     for table in tables:
         position = table.num_tokens
         table.fill_to(position + 1)
         chunks.append(SequenceChunk([token], position, table.slots()))
-    logits = forward(build_forward_batch(chunks), cache)
+    logits = runner.run_batch(build_forward_batch(chunks), paged[0])
     for table in tables:
         table.num_tokens -= 1
     return logits
@@ -43,16 +41,13 @@ def _decode(forward, cache, tables, token=42):
 
 @pytest.fixture(scope="module", params=["llama", "gemma3"])
 def compiled(request, tmp_path_factory):
+    """(the eager pytorch runner, the compiled one) of one file."""
     folder = tmp_path_factory.mktemp(request.param)
-    if request.param == "llama":
-        model = use_fast_path(load_model(GGUFFile(write_tiny_llama(folder / "m.gguf", qtype=Q.Q4_1))))
-    else:
-        model = use_fast_path(load_model(GGUFFile(write_tiny_gemma3(folder / "m.gguf"))))
-    model.requires_grad_(False)
-    decode = CompiledDecode(model)
+    path = write_tiny_llama(folder / "m.gguf", qtype=Q.Q4_1) if request.param == "llama" else write_tiny_gemma3(folder / "m.gguf")
+    decode = runner_for(path, "compiled")
     with torch.inference_mode():
-        decode.warm_up(KVCache(model.config.kv_layout, num_blocks=64, block_size=8))
-    return model, decode
+        decode.warm_up(decode.new_state(512))
+    return runner_for(path, "pytorch"), decode
 
 
 @torch.inference_mode()
@@ -83,7 +78,7 @@ def test_compiled_decode_rows_are_bit_identical_alone_and_batched(compiled):
 
 def test_steps_with_prompt_chunks_run_eagerly(compiled):
     model, decode = compiled
-    cache, tables = _prefilled(model, [12])
+    (_, cache), tables = _prefilled(model, [12])
     prompt = BlockTable(cache)
     prompt.fill_to(6)
     table = tables[0]
@@ -103,8 +98,7 @@ def test_engine_with_compiled_decode_keeps_seeded_text_independent_of_the_batch(
     from lamplight.tokenizer import Tokenizer
 
     gguf = GGUFFile(write_tiny_llama(tmp_path / "m.gguf", qtype=Q.Q4_1, n_ctx=512))
-    engine = Engine(use_fast_path(load_model(gguf)), Tokenizer.from_gguf(gguf),
-                    EngineConfig(n_ctx=2048, n_parallel=4, compile=True))
+    engine = Engine(runner_for(gguf, "compiled"), Tokenizer.from_gguf(gguf), EngineConfig(n_ctx=2048, n_parallel=4))
     engine.start()
     from torch._dynamo.utils import counters
 
@@ -135,14 +129,14 @@ def test_engine_with_compiled_decode_keeps_seeded_text_independent_of_the_batch(
 @torch.inference_mode()
 def test_decode_rows_beside_a_prompt_chunk_equal_a_decode_only_step(compiled):
     model, decode = compiled
-    cache, tables = _prefilled(model, [9, 40])
+    (state, cache), tables = _prefilled(model, [9, 40])
     decode_chunks = []
     for table in tables:
         table.fill_to(table.num_tokens + 1)
         decode_chunks.append(SequenceChunk([42], table.num_tokens - 1, table.slots()))
     prompt = BlockTable(cache)
     prompt.fill_to(20)
-    mixed = decode.run(decode_chunks + [SequenceChunk(list(range(5, 25)), 0, prompt.slots())], cache)
-    alone = decode.run(decode_chunks, cache)
+    mixed = decode.run(decode_chunks + [SequenceChunk(list(range(5, 25)), 0, prompt.slots())], state)
+    alone = decode.run(decode_chunks, state)
     assert mixed.shape[0] == len(decode_chunks) + 1
     assert torch.equal(mixed[: len(decode_chunks)], alone)

@@ -6,6 +6,7 @@ import time
 
 import pytest
 import torch
+from model_helpers import paged_state, runner_for
 from tiny_gguf import write_tiny_gemma3, write_tiny_llama
 
 from lamplight.engine.config import EngineConfig
@@ -20,8 +21,7 @@ from lamplight.engine.types import (
     TokenEvent,
 )
 from lamplight.gguf.file import GGUFFile
-from lamplight.models import load_model
-from lamplight.models.scoring import greedy
+from lamplight.runner import greedy
 from lamplight.sampling import SamplingParams
 from lamplight.tokenizer import Tokenizer
 
@@ -36,16 +36,12 @@ def tiny(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny") / f"{arch}.gguf"
     (write_tiny_llama if arch == "llama" else write_tiny_gemma3)(path, n_ctx=512)
     gguf = GGUFFile(path)
-    model = load_model(gguf)
     if native:
         from lamplight.native import runtime
-        from lamplight.native.runner import NativeModel
 
-        lib = runtime.library()
-        if lib is None:
+        if runtime.library() is None:
             pytest.skip(f"no native kernels here: {runtime.unavailable_reason()}")
-        model.native = NativeModel(model, lib)
-    return model, Tokenizer.from_gguf(gguf)
+    return runner_for(gguf, "native" if native else "reference"), Tokenizer.from_gguf(gguf)
 
 
 def make_engine(tiny, **cfg) -> Engine:
@@ -233,26 +229,26 @@ def test_shifted_kv_equals_recomputation(writer, tmp_path):
     With one layer K/V depend only on token and position, so the shift must be exact; with more
     layers kept entries still carry the dropped context (as in llama.cpp), so equality would not hold.
     """
-    from lamplight.engine.kv_cache import BlockTable, KVCache
-    from lamplight.models.batch import SequenceChunk, build_forward_batch
-    from lamplight.models.scoring import score
+    from lamplight.engine.kv_cache import BlockTable
+    from lamplight.models.batch import SequenceChunk
+    from lamplight.runner import score
 
-    model = load_model(GGUFFile(writer(tmp_path / "one_layer.gguf", n_layers=1, n_ctx=128)))
+    model = runner_for(writer(tmp_path / "one_layer.gguf", n_layers=1, n_ctx=128))
     ids = [(5 * i + 3) % 200 + 10 for i in range(40)]
-    cache = KVCache(model.config.kv_layout, num_blocks=8, block_size=8)
+    state, cache = paged_state(model, num_blocks=8, block_size=8)
     table = BlockTable(cache)
     table.fill_to(39)
-    model(build_forward_batch([SequenceChunk(ids[:39], 0, table.slots())]), cache)
+    model.run([SequenceChunk(ids[:39], 0, table.slots())], state)
     keep, discard = 4, 17
     import torch
 
     src = torch.tensor(table.slots(keep + discard, 39))
     dst = torch.tensor(table.slots(keep, 39 - discard))
-    model.shift_kv(cache, src, dst, -discard)
+    model.shift_kv(state, src, dst, -discard)
     table.truncate(39 - discard)
     compact = ids[:keep] + ids[keep + discard :]
     table.fill_to(len(compact))
-    out = model(build_forward_batch([SequenceChunk(compact[-1:], len(compact) - 1, table.slots())]), cache)
+    out = model.run([SequenceChunk(compact[-1:], len(compact) - 1, table.slots())], state)
     torch.testing.assert_close(out[0], score(model, compact)[-1], atol=2e-4, rtol=1e-4)
 
 
@@ -364,7 +360,7 @@ def test_kv_cache_that_does_not_fit_is_a_clear_error(tiny, monkeypatch):
 def test_half_precision_kv_cache_serves_and_unknown_types_are_refused(tiny):
     eng = make_engine(tiny, cache_type_k="f16", cache_type_v="bf16")
     try:
-        assert (eng.cache.k[0].dtype, eng.cache.v[0].dtype) == (torch.float16, torch.bfloat16)
+        assert (eng.state.kv.k[0].dtype, eng.state.kv.v[0].dtype) == (torch.float16, torch.bfloat16)
         _, (final,) = run(eng, GenerationRequest(prompt_ids(tiny, "the cat"), GREEDY, n_predict=6))
         assert final.n_decoded == 6
     finally:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from model_helpers import runner_for
 from tiny_gguf import write_tiny_llama, write_tiny_lora
 
 from lamplight.engine.config import EngineConfig
 from lamplight.engine.engine import Engine
 from lamplight.engine.types import FinalEvent, GenerationRequest, InvalidRequestError
 from lamplight.gguf.file import GGUFError, GGUFFile
-from lamplight.models import load_model
 from lamplight.models.lora import load_lora
-from lamplight.models.scoring import greedy, score
+from lamplight.runner import greedy, score
 from lamplight.sampling import SamplingParams
 from lamplight.tokenizer import Tokenizer
 
@@ -27,9 +27,9 @@ def files(tmp_path_factory):
 
 
 def merged_model(base_path, adapter_path, scale):
-    model = load_model(GGUFFile(base_path))
+    model = runner_for(base_path)
     adapter = load_lora(adapter_path, "llama")
-    linears = {m.name: m for m in model.modules() if hasattr(m, "raw")}
+    linears = {m.name: m for m in model.model.modules() if hasattr(m, "raw")}
     for name, (a, b) in adapter.weights.items():
         linears[name].kernel.weight.add_(scale * (adapter.alpha / a.shape[0]) * (b @ a))
     return model
@@ -41,10 +41,10 @@ def run(engine, request):
 
 def test_scale_zero_is_base_and_one_is_merged(files):
     base_path, adapter_path = files
-    base = load_model(GGUFFile(base_path))
+    base = runner_for(base_path)
     merged = merged_model(base_path, adapter_path, 1.0)
     gguf = GGUFFile(base_path)
-    model = load_model(gguf)
+    model = runner_for(gguf)
     engine = Engine(model, Tokenizer.from_gguf(gguf), EngineConfig(n_ctx=512, n_parallel=2), loras=[load_lora(adapter_path, "llama")])
     engine.start()
     try:
@@ -71,7 +71,7 @@ def test_scale_zero_is_base_and_one_is_merged(files):
 def test_adapters_mixed_in_flight_keep_their_own_scales(files):
     base_path, adapter_path = files
     gguf = GGUFFile(base_path)
-    engine = Engine(load_model(gguf), Tokenizer.from_gguf(gguf), EngineConfig(n_ctx=1024, n_parallel=4), loras=[load_lora(adapter_path, "llama")])
+    engine = Engine(runner_for(gguf), Tokenizer.from_gguf(gguf), EngineConfig(n_ctx=1024, n_parallel=4), loras=[load_lora(adapter_path, "llama")])
     engine.start()
     try:
         params = SamplingParams(temperature=0, ignore_eos=True)
@@ -92,7 +92,5 @@ def test_bad_adapters_are_rejected(files, tmp_path):
     with pytest.raises(GGUFError, match="adapter is for 'gemma3'"):
         load_lora(wrong, "llama")
     bad = write_tiny_lora(tmp_path / "bad.gguf", {"blk.9.attn_q.weight": (64, 64)})
-    from lamplight.models.lora import attach_loras
-
     with pytest.raises(GGUFError, match="blk.9.attn_q.weight"):
-        attach_loras(load_model(GGUFFile(base_path)), [load_lora(bad, "llama")])
+        runner_for(base_path).attach_loras([load_lora(bad, "llama")])

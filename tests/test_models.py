@@ -11,16 +11,17 @@ from conftest import load_jsonl
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter
 from gguf.quants import quantize
+from model_helpers import paged_state, runner_for
 from tiny_gguf import write_tiny_gemma3, write_tiny_llama
 
-from lamplight.engine.kv_cache import BlockTable, KVCache
+from lamplight.engine.kv_cache import BlockTable
 from lamplight.gguf.file import GGUFError, GGUFFile
 from lamplight.gguf.quant import dequantize
-from lamplight.kernels.fast_path import use_fast_path
 from lamplight.kernels.unpack import unpack_int4
-from lamplight.models import load_model
-from lamplight.models.batch import SequenceChunk, build_forward_batch
-from lamplight.models.scoring import greedy, score
+from lamplight.models import define_model
+from lamplight.models.batch import SequenceChunk
+from lamplight.runner import greedy, score
+from lamplight.state import KVLayout
 
 MARGIN = 0.5
 
@@ -57,7 +58,7 @@ def test_fast_path_keeps_fidelity(name, request):
     """The packed int4 / bf16 path stays within the reference path's bounds (figures printed)."""
     path = request.getfixturevalue(f"{name}_path")
     rows = load_jsonl(f"{name}.logits.jsonl")
-    model = use_fast_path(load_model(GGUFFile(path)))
+    model = runner_for(path, "pytorch")
     checked, mismatches, diffs = _agreement(model, rows)
     median = statistics.median(diffs)
     print(f"\n{name} fast path: top-1 agrees at {checked - len(mismatches)}/{checked}; max top-10 |diff| median {median:.3f}")
@@ -70,15 +71,12 @@ def test_native_path_keeps_fidelity(name, request):
     """The native forward (8-bit activations, packed GGUF weights, f16 KV cache as served) stays
     within the reference path's bounds against llama.cpp (figures printed)."""
     from lamplight.native import runtime
-    from lamplight.native.runner import NativeModel
 
-    lib = runtime.library()
-    if lib is None:
+    if runtime.library() is None:
         pytest.skip(f"no native kernels here: {runtime.unavailable_reason()}")
     path = request.getfixturevalue(f"{name}_path")
     rows = load_jsonl(f"{name}.logits.jsonl")
-    model = load_model(GGUFFile(path))
-    model.native = NativeModel(model, lib)
+    model = runner_for(path, "native")
     checked, mismatches, diffs = _agreement(model, rows, kv_dtype=torch.float16)
     median = statistics.median(diffs)
     print(f"\n{name} native path: top-1 agrees at {checked - len(mismatches)}/{checked}; max top-10 |diff| median {median:.3f}")
@@ -90,7 +88,7 @@ def test_native_path_keeps_fidelity(name, request):
 def test_logits_match_llama_cpp(name, request):
     path = request.getfixturevalue(f"{name}_path")
     rows = load_jsonl(f"{name}.logits.jsonl")
-    model = load_model(GGUFFile(path))
+    model = runner_for(path)
     checked, mismatches, diffs = _agreement(model, rows)
     median = statistics.median(diffs)
     print(
@@ -112,37 +110,37 @@ def test_logits_match_llama_cpp(name, request):
 def tiny_model(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny") / f"{request.param}.gguf"
     (write_tiny_llama if request.param == "llama" else write_tiny_gemma3)(path)
-    return load_model(GGUFFile(path))
+    return runner_for(path)
 
 
 def test_incremental_decode_equals_full_scoring(tiny_model):
     ids = [(7 * i + 11) % 250 + 5 for i in range(40)]
     full = score(tiny_model, ids)
-    cache = KVCache(tiny_model.config.kv_layout, num_blocks=8, block_size=8)
+    state, cache = paged_state(tiny_model, num_blocks=8, block_size=8)
     table = BlockTable(cache)
     # The prompt in two chunks, then one token at a time.
     steps = [(0, 13), (13, 25)] + [(i, i + 1) for i in range(25, 40)]
     for start, end in steps:
         table.fill_to(end)
         chunk = SequenceChunk(ids[start:end], start, table.slots(), all_logits=True)
-        out = tiny_model(build_forward_batch([chunk]), cache)
+        out = tiny_model.run([chunk], state)
         torch.testing.assert_close(out, full[start:end], atol=2e-4, rtol=1e-4)
 
 
 def test_batched_sequences_equal_each_alone(tiny_model):
     seqs = [[(3 * i + k) % 240 + 6 for i in range(n)] for k, n in enumerate([5, 17, 1, 30])]
     alone = [score(tiny_model, s)[-1] for s in seqs]
-    cache = KVCache(tiny_model.config.kv_layout, num_blocks=32, block_size=4)
+    state, cache = paged_state(tiny_model, num_blocks=32, block_size=4)
     chunks = []
     for s in seqs:
         table = BlockTable(cache)
         # Prefill all but the last token alone, then put every last token (and one prompt) in one step.
         if len(s) > 1:
             table.fill_to(len(s) - 1)
-            tiny_model(build_forward_batch([SequenceChunk(s[:-1], 0, table.slots())]), cache)
+            tiny_model.run([SequenceChunk(s[:-1], 0, table.slots())], state)
         table.fill_to(len(s))
         chunks.append(SequenceChunk(s[-1:], len(s) - 1, table.slots()))
-    together = tiny_model(build_forward_batch(chunks), cache)
+    together = tiny_model.run(chunks, state)
     for i, expected in enumerate(alone):
         torch.testing.assert_close(together[i], expected, atol=2e-4, rtol=1e-4)
 
@@ -153,27 +151,27 @@ def test_half_precision_kv_cache_stays_close_to_float32(tiny_model, k_dtype, v_d
     seq = [(5 * i) % 240 + 6 for i in range(40)]
 
     def logits(dtype, v):
-        cache = KVCache(tiny_model.config.kv_layout, num_blocks=8, block_size=8, dtype=dtype, v_dtype=v)
+        state, cache = paged_state(tiny_model, num_blocks=8, block_size=8, dtype=dtype, v_dtype=v)
         table = BlockTable(cache)
         table.fill_to(len(seq))
-        out = tiny_model(build_forward_batch([SequenceChunk(seq, 0, table.slots(), all_logits=True)]), cache)
-        return cache, out
+        out = tiny_model.run([SequenceChunk(seq, 0, table.slots(), all_logits=True)], state)
+        return state.kv, out
 
-    cache, half = logits(k_dtype, v_dtype)
+    pool, half = logits(k_dtype, v_dtype)
     _, full = logits(torch.float32, None)
-    assert cache.k[0].dtype == k_dtype and cache.v[0].dtype == v_dtype
+    assert pool.k[0].dtype == k_dtype and pool.v[0].dtype == v_dtype
     assert not torch.equal(half, full)  # the rounding is real
     assert (half - full).abs().max() < 0.02 * full.abs().max()
     assert (half.argmax(-1) == full.argmax(-1)).float().mean() > 0.9
-    assert KVCache.bytes_needed(tiny_model.config.kv_layout, 100, torch.float16) * 2 == KVCache.bytes_needed(tiny_model.config.kv_layout, 100)
+    layout: KVLayout = tiny_model.config.kv_layout
+    assert layout.bytes_per_token(torch.float16) * 2 == layout.bytes_per_token()
 
 
 def test_sliding_window_limits_local_layers(tmp_path):
     """With every layer local (window 8), a token 8+ positions back cannot change the logits."""
     path = write_tiny_gemma3(tmp_path / "g.gguf", n_layers=2, window=8)
-    model = load_model(GGUFFile(path))
-    for blk in model.blocks:
-        assert not blk.is_global
+    model = runner_for(path)
+    assert all(layer.attn.window == 8 for layer in model.spec.layers)
     ids = list(range(10, 30))
     changed_far = [99] + ids[1:]
     changed_near = ids[:-3] + [99] + ids[-2:]
@@ -232,19 +230,19 @@ def test_errors_are_clear(tmp_path):
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(GGUFError, match="architecture 'mamba' is not supported"):
-        load_model(GGUFFile(tmp_path / "arch.gguf"))
+        define_model(GGUFFile(tmp_path / "arch.gguf"))
 
 
 def test_split_gguf_loads_like_the_whole_file(tmp_path):
     """A gguf-split model (NAME-00001-of-0000N.gguf, tensors spread over the parts) from its first
     part; a missing part or a later part given alone is a clear error."""
-    whole = load_model(GGUFFile(write_tiny_llama(tmp_path / "whole.gguf")))
+    whole = runner_for(write_tiny_llama(tmp_path / "whole.gguf"))
     first = write_tiny_llama(tmp_path / "split.gguf", split_max_tensors=8)
     assert first.name == "split-00001-of-00003.gguf"
     split = GGUFFile(first)
     assert len(split.parts) == 3 and len(split.tensors) == int(split.metadata["split.tensors.count"])
     ids = list(range(10, 30))
-    assert torch.equal(score(load_model(split), ids), score(whole, ids))
+    assert torch.equal(score(runner_for(split), ids), score(whole, ids))
     with pytest.raises(GGUFError, match="part 2 of a split GGUF: give the first part"):
         GGUFFile(tmp_path / "split-00002-of-00003.gguf")
     (tmp_path / "split-00003-of-00003.gguf").unlink()
@@ -257,7 +255,7 @@ def test_missing_tensor_is_named(tmp_path):
     gguf = GGUFFile(path)
     del gguf.tensors["blk.1.ffn_up.weight"]
     with pytest.raises(GGUFError, match="blk.1.ffn_up.weight is missing"):
-        load_model(gguf)
+        define_model(gguf)
 
 
 def test_unsupported_tensor_type_is_named(tmp_path):
@@ -276,9 +274,9 @@ def test_unsupported_tensor_type_is_named(tmp_path):
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1])
 def test_fast_path_close_to_reference(qtype, tmp_path):
     path = write_tiny_llama(tmp_path / "t.gguf", qtype=qtype)
-    reference = load_model(GGUFFile(path))
-    fast = use_fast_path(load_model(GGUFFile(path)))
-    assert fast.blocks[0].qkv.fused is not None
+    reference = runner_for(path)
+    fast = runner_for(path, "pytorch")
+    assert fast.model.blocks[0].attn.qkv.fused is not None
     ids = list(range(20, 50))
     ref, out = score(reference, ids), score(fast, ids)
     assert (ref - out).abs().max() / ref.abs().max() < 0.03  # bf16 activations and scales
@@ -299,19 +297,19 @@ def test_fast_decode_rows_are_bit_identical_alone_and_batched(tmp_path):
     beside others. (The float32 reference path is only close: MKL's float32 GEMV for one row
     and GEMM for several sum in different orders; see test_batched_sequences_equal_each_alone.)"""
     path = write_tiny_llama(tmp_path / "t.gguf", qtype=Q.Q4_1)
-    model = use_fast_path(load_model(GGUFFile(path)))
+    model = runner_for(path, "pytorch")
     seqs = [[(5 * i + k) % 240 + 6 for i in range(n)] for k, n in enumerate([9, 30, 70, 3])]
 
     def decode_last(group):
-        cache = KVCache(model.config.kv_layout, num_blocks=64, block_size=8)
+        state, cache = paged_state(model, num_blocks=64, block_size=8)
         chunks = []
         for s in group:
             table = BlockTable(cache)
             table.fill_to(len(s) - 1)
-            model(build_forward_batch([SequenceChunk(s[:-1], 0, table.slots())]), cache)
+            model.run([SequenceChunk(s[:-1], 0, table.slots())], state)
             table.fill_to(len(s))
             chunks.append(SequenceChunk(s[-1:], len(s) - 1, table.slots()))
-        return model(build_forward_batch(chunks), cache)
+        return model.run(chunks, state)
 
     together = decode_last(seqs)
     for i, s in enumerate(seqs):

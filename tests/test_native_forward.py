@@ -12,23 +12,24 @@ import sys
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
+from model_helpers import runner_for
 from tiny_gguf import write_tiny_arch, write_tiny_gemma3, write_tiny_llama
 
 from lamplight.engine.kv_cache import BlockTable, KVCache
 from lamplight.gguf.file import GGUFFile
-from lamplight.models import load_model
 from lamplight.models.batch import SequenceChunk, build_forward_batch
-from lamplight.models.decoder import gelu_tanh_fp16_table
-from lamplight.models.moe import MoEFeedForward
+from lamplight.models.spec import ExpertsSpec
 from lamplight.native import build, runtime
-from lamplight.native.runner import NativeModel
+from lamplight.native.runner import NativeRunner
+from lamplight.state import ModelState
 
 VARIANTS = build.runnable_variants()
 
 
-def _native(model, variant: str | None = None, packed: bool = True) -> NativeModel:
+def _native(model, variant: str | None = None, packed: bool = True) -> NativeRunner:
+    """The native runner of `model`'s definition (any runner of it)."""
     lib = runtime.load_variant(variant or VARIANTS[0])
-    return NativeModel(model, lib, packed=packed)
+    return NativeRunner(model.spec, lib, packed=packed)
 
 
 # The configurable decoder's architectures (biases, Q/K norms per head or whole, post-norms only,
@@ -45,14 +46,19 @@ def tiny(request, tmp_path_factory):
         write_tiny_arch(path, request.param)
     else:
         write_tiny_llama(path, qtype=Q[request.param.split("-")[1].upper()], n_embd=128)
-    return load_model(GGUFFile(path))
+    return runner_for(path)
 
 
 def _cache(model, dtype=torch.float32, blocks: int = 64, block_size: int = 8) -> KVCache:
-    return KVCache(model.config.kv_layout, num_blocks=blocks, block_size=block_size, dtype=dtype)
+    """A fresh pool in blocks (BlockTables over it); `_state(cache)` is what runners compute on."""
+    return KVCache(model.new_state(blocks * block_size, dtype).kv, block_size)
 
 
-def _run(forward, steps, cache: KVCache) -> list[torch.Tensor]:
+def _state(cache: KVCache) -> ModelState:
+    return ModelState(cache.pool)
+
+
+def _run(runner, steps, cache: KVCache) -> list[torch.Tensor]:
     """Run steps (each a list of (table, tokens, start)) with all logits; logits per chunk."""
     outs = []
     for step in steps:
@@ -60,7 +66,7 @@ def _run(forward, steps, cache: KVCache) -> list[torch.Tensor]:
         for table, tokens, start in step:
             table.fill_to(start + len(tokens))
             chunks.append(SequenceChunk(tokens, start, table.slots(), all_logits=True))
-        logits = forward(build_forward_batch(chunks), cache)
+        logits = runner.run(chunks, _state(cache))
         row = 0
         for _, tokens, _ in step:
             outs.append(logits[row : row + len(tokens)])
@@ -82,12 +88,12 @@ def test_native_close_to_the_pytorch_path(tiny, kv_dtype):
     # Packed: activations rounded to 8 bits per block of 32 (as llama.cpp), about 0.5% per matmul.
     # Dense with a half-precision cache: a K/V value may round to the other neighbouring half.
     dense_tolerance = 1e-4 if kv_dtype == torch.float32 else 1e-3
-    if getattr(getattr(tiny, "opts", None), "activation", None) is gelu_tanh_fp16_table:
+    if tiny.spec.options.activation == "gelu_tanh_fp16":
         dense_tolerance = 1e-3  # the reference looks GELU up in ggml's fp16 table; native computes it
     # With experts, 8-bit activations can flip a near-tied expert choice (as in llama.cpp): a
     # whole expert's output then differs, so packed MoE rows are held to the top token only
     # (tests/test_archs.py bounds them against llama.cpp, excepting near-tied routing).
-    moe = any(isinstance(getattr(b, "ffn", None), MoEFeedForward) for b in tiny.blocks)
+    moe = any(isinstance(layer.ffn, ExpertsSpec) for layer in tiny.spec.layers)
     for packed, tolerance in ((False, dense_tolerance), (True, math.inf if moe else 0.1)):
         native = _native(tiny, packed=packed)
         cache = _cache(tiny, kv_dtype)
@@ -137,17 +143,18 @@ def test_instruction_set_builds_agree(tiny):
         assert torch.equal(logits, first), variant
 
 
-def test_native_model_serves_the_forward(tiny):
-    """`model(batch, kv)` runs the native forward once attached; LoRA or --compile leave it."""
-    tiny.native = _native(tiny)
-    try:
-        cache = _cache(tiny)
-        (via_model,) = _run(tiny, [[(BlockTable(cache), _ids(12), 0)]], cache)
-        cache = _cache(tiny)
-        (direct,) = _run(tiny.native, [[(BlockTable(cache), _ids(12), 0)]], cache)
-        assert torch.equal(via_model, direct)
-    finally:
-        tiny.native = None
+def test_the_fast_backend_is_the_native_forward(tiny):
+    """The loader's fast backend builds the native runner where the machine has one: the same
+    bits as the native runner built directly."""
+    from lamplight.loader import build_runner
+
+    fast = build_runner(tiny.spec, "fast")
+    assert fast.backend == "native" and fast.describe().startswith("native ")
+    cache = _cache(tiny)
+    (via_loader,) = _run(fast, [[(BlockTable(cache), _ids(12), 0)]], cache)
+    cache = _cache(tiny)
+    (direct,) = _run(_native(tiny), [[(BlockTable(cache), _ids(12), 0)]], cache)
+    assert torch.equal(via_loader, direct)
 
 
 def test_without_a_compiler_lamplight_runs_on_pytorch_kernels(tmp_path):
@@ -156,11 +163,11 @@ def test_without_a_compiler_lamplight_runs_on_pytorch_kernels(tmp_path):
     script = (
         "import logging, lamplight, torch\n"
         "logging.basicConfig(level=logging.INFO)\n"
-        f"m = lamplight.load({str(path)!r}, fast=True)\n"
+        f"m = lamplight.load({str(path)!r}, backend='fast')\n"
         "print('KERNELS', m.kernels)\n"
-        "print('NATIVE', m.model.native is not None)\n"
-        "from lamplight.models.scoring import greedy\n"
-        "print('TOKENS', greedy(m.model, [5, 6, 7], 4))\n"
+        "print('NATIVE', m.runner.backend == 'native')\n"
+        "from lamplight.runner import greedy\n"
+        "print('TOKENS', greedy(m.runner, [5, 6, 7], 4))\n"
     )
     env = dict(os.environ, PATH=str(tmp_path / "empty"), CXX="", LAMPLIGHT_NATIVE_CACHE=str(tmp_path / "cache"))
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
@@ -183,8 +190,7 @@ def test_seeded_output_does_not_depend_on_the_cache_or_neighbours(tmp_path):
 
     path = write_tiny_llama(tmp_path / "t.gguf", qtype=Q.Q4_1, n_ctx=512)
     gguf = GGUFFile(path)
-    model, tokenizer = load_model(gguf), Tokenizer.from_gguf(gguf)
-    model.native = _native(model)
+    model, tokenizer = _native(runner_for(gguf)), Tokenizer.from_gguf(gguf)
     # n_probs: the raw softmax of every step's logits comes back, so any difference in the
     # logits' bits shows, not only one that flips a sampled token.
     seeded = SamplingParams(temperature=1.0, seed=1234, n_probs=5)
@@ -221,7 +227,7 @@ def test_seeded_output_does_not_depend_on_the_cache_or_neighbours(tmp_path):
 
 
 def test_server_serves_on_native_kernels_and_says_so(tmp_path):
-    """`lamplight.load(fast=True)` picks the native forward; the engine then keeps its KV cache in
+    """`lamplight.load(backend="fast")` picks the native forward; the engine then keeps its KV cache in
     f16 (llama-server's default); /props names the kernel set and the memory budget."""
     import httpx
     from test_server_support import serve
@@ -229,20 +235,20 @@ def test_server_serves_on_native_kernels_and_says_so(tmp_path):
     import lamplight
     from lamplight.server.launcher import EngineOptions, build_engine
 
-    loaded = lamplight.load(str(write_tiny_llama(tmp_path / "t.gguf", qtype=Q.Q4_1)), fast=True)
-    assert loaded.model.native is not None and loaded.kernels.startswith("native ")
+    loaded = lamplight.load(str(write_tiny_llama(tmp_path / "t.gguf", qtype=Q.Q4_1)), backend="fast")
+    assert loaded.runner.backend == "native" and loaded.kernels.startswith("native ")
     torch_threads = torch.get_num_threads()  # build_engine gives PyTorch one thread: restored below
     engine = build_engine(loaded, EngineOptions(n_ctx=512, n_parallel=2))
     server = serve(loaded, engine)
     try:
-        assert engine.cache.k[0].dtype == torch.float16
+        assert engine.state.kv.k[0].dtype == torch.float16
         props = httpx.get(f"{server.url}/props").json()["lamplight"]
         assert props["kernels"] == loaded.kernels
         assert props["memory_mib"]["weights"] > 0 and props["memory_mib"]["kv_cache"] > 0
         reply = httpx.post(f"{server.url}/completion", json={"prompt": "the", "n_predict": 5}, timeout=60).json()
         assert reply["tokens_predicted"] == 5
         assert "scratch" in httpx.get(f"{server.url}/props").json()["lamplight"]["memory_mib"]
-        assert loaded.model.native.scratch_bytes() > 0
+        assert loaded.runner.scratch_bytes() > 0
         assert torch.get_num_threads() == 1
     finally:
         server.stop()
@@ -258,10 +264,76 @@ def test_out_of_range_positions_are_refused_not_read(tiny):
     table.fill_to(3)
     bad = SequenceChunk([5], tiny.config.n_ctx_train, list(range(tiny.config.n_ctx_train)) + [2])
     with pytest.raises(ValueError, match="out of range"):
-        native(build_forward_batch([bad]), cache)
+        native.run_batch(build_forward_batch([bad]), _state(cache))
     outside = SequenceChunk([5, 6], 0, [0, cache.num_blocks * cache.block_size])
     with pytest.raises(ValueError, match="out of range"):
-        native(build_forward_batch([outside]), cache)
+        native.run_batch(build_forward_batch([outside]), _state(cache))
+
+
+def test_bad_step_arrays_are_refused_and_the_next_step_runs(tiny, monkeypatch):
+    """Every index the native forward reads from a step's arrays is checked before any work: a
+    logit row, key offset or key slot out of its range is a ValueError naming the array and row,
+    and the next good step gives the same logits as before."""
+    import dataclasses
+
+    import numpy as np
+
+    from lamplight.native import runner
+
+    native = _native(tiny)
+    cache = _cache(tiny, blocks=4)
+    table, other = BlockTable(cache), BlockTable(cache)
+    table.fill_to(6)
+    other.fill_to(3)
+    good = build_forward_batch([SequenceChunk(_ids(6), 0, table.slots(), all_logits=True),
+                                SequenceChunk(_ids(3, 1), 0, other.slots())])
+    expected = native.run_batch(good, _state(cache))
+    pool_tokens = cache.num_blocks * cache.block_size
+
+    def keys(change):  # the step's real key table, changed
+        real = runner.key_table
+        return lambda batch: change(*real(batch))
+
+    cases = [
+        (dataclasses.replace(good, logit_rows=torch.tensor([0, 9])), None, r"logit_rows\[1\] = 9 is out of range \[0, 9\)"),
+        (dataclasses.replace(good, logit_rows=torch.tensor([-1])), None, r"logit_rows\[0\] = -1 is out of range"),
+        (good, keys(lambda offsets, slots: (offsets + 4, slots)), r"key_offsets\[5\] = 4 is out of range: "
+         r"position 5 reads key_slots\[9\] of \[0, 9\)"),
+        (good, keys(lambda offsets, slots: (offsets - 1, slots)), r"key_offsets\[5\] = -1 is out of range"),
+        (good, keys(lambda offsets, slots: (offsets, slots[:-1])), r"key_offsets\[8\] = 6 is out of range: "
+         r"position 2 reads key_slots\[8\] of \[0, 8\)"),
+        (good, keys(lambda offsets, slots: (offsets, np.where(np.arange(slots.size) == 7, pool_tokens, slots))),
+         rf"key_slots\[7\] = {pool_tokens} \(row 8, position 1\) is out of range"),
+    ]
+    for batch, key_table, message in cases:
+        with monkeypatch.context() as patch:
+            if key_table is not None:
+                patch.setattr(runner, "key_table", key_table)
+            with pytest.raises(ValueError, match=message):
+                native.run_batch(batch, _state(cache))
+        assert torch.equal(native.run_batch(good, _state(cache)), expected)
+
+
+def test_a_bad_model_description_is_refused(tiny):
+    """lp_model_new checks the description (parts, shapes, rope tables, experts, adapters) and
+    returns null, which Python raises on, rather than run a model it would read out of bounds."""
+    import ctypes
+
+    from lamplight.native import abi
+
+    native = _native(tiny)
+    config = abi.Config.from_buffer_copy(native._config)
+    config.head.n_parts = 4
+    with pytest.raises(ValueError, match="refused the model: head: 4 parts"):
+        native.lib.lp_model_new(ctypes.byref(config), native._layers)
+    layers = (abi.Layer * len(native._layers)).from_buffer_copy(native._layers)
+    layers[0].rope = 2
+    with pytest.raises(ValueError, match="layer 0: rope table 2"):
+        native.lib.lp_model_new(ctypes.byref(native._config), layers)
+    layers = (abi.Layer * len(native._layers)).from_buffer_copy(native._layers)
+    layers[-1].wo.n_out += 16
+    with pytest.raises(ValueError, match=f"layer {len(layers) - 1} wo: .* outputs in its parts"):
+        native.lib.lp_model_new(ctypes.byref(native._config), layers)
 
 
 def test_lora_adapters_on_the_native_forward(tmp_path):
@@ -270,19 +342,18 @@ def test_lora_adapters_on_the_native_forward(tmp_path):
     row's result does not depend on the step (adapter deltas are computed row by row)."""
     from tiny_gguf import write_tiny_lora
 
-    from lamplight.models.lora import attach_loras, load_lora
-    from lamplight.models.scoring import score
+    from lamplight.models.lora import load_lora
+    from lamplight.runner import score
 
     path = write_tiny_llama(tmp_path / "t.gguf", qtype=Q.Q4_1)
     targets = {"blk.0.attn_q.weight": (64, 64), "blk.1.ffn_down.weight": (64, 128), "blk.1.attn_v.weight": (32, 64)}
     adapter_path = write_tiny_lora(tmp_path / "a.gguf", targets, rank=4, alpha=8.0)
     ids = _ids(20)
-    model, reference = load_model(GGUFFile(path)), load_model(GGUFFile(path))
-    model.native = _native(model)
+    reference = runner_for(path)
+    model = _native(reference)
     base = score(model, ids)
-    scales = attach_loras(model, [load_lora(adapter_path, "llama")])
-    reference_scales = attach_loras(reference, [load_lora(adapter_path, "llama")])
-    assert model.native is not None
+    scales = model.attach_loras([load_lora(adapter_path, "llama")])
+    reference_scales = reference.attach_loras([load_lora(adapter_path, "llama")])
     assert torch.equal(score(model, ids), base)
     scales.scales = reference_scales.scales = [1.0]
     adapted, expected = score(model, ids), score(reference, ids)
@@ -293,3 +364,9 @@ def test_lora_adapters_on_the_native_forward(tmp_path):
     table, other = BlockTable(cache), BlockTable(cache)
     pieces = _run(model, [[(table, ids[:7], 0), (other, _ids(9, 3), 0)], [(other, _ids(1, 4), 9), (table, ids[7:], 7)]], cache)
     assert torch.equal(torch.cat([pieces[0], pieces[3]]), adapted)
+    # A step whose scales do not cover the adapters' indices is refused, then runs once they do.
+    scales.scales = []
+    with pytest.raises(ValueError, match=r"LoRA adapter 0 is out of range: lora_scales holds 0"):
+        score(model, ids)
+    scales.scales = [1.0]
+    assert torch.equal(score(model, ids), adapted)

@@ -12,6 +12,7 @@ import time
 
 import httpx
 import pytest
+from model_helpers import runner_for
 from test_lora import TARGETS, merged_model
 from test_server_cli import free_port
 from test_server_support import assert_error, serve, sse_events
@@ -20,11 +21,11 @@ from tiny_gguf import write_tiny_llama, write_tiny_lora
 import lamplight
 from lamplight.cli import build_parser, engine_options, main, server_settings
 from lamplight.gguf.file import GGUFFile
-from lamplight.models import load_model
-from lamplight.models.scoring import greedy
+from lamplight.loader import AdapterError, load_adapters
+from lamplight.runner import greedy
 from lamplight.server import ServerSettings
 from lamplight.server.infill import FimTokens, InfillInput, format_infill_prompt
-from lamplight.server.launcher import EngineOptions, StartupError, build_engine, load_adapters
+from lamplight.server.launcher import EngineOptions, build_engine, load_model
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 # Byte tokens \x01..\x05 of the tiny vocabulary stand in for FIM_PRE, FIM_SUF, FIM_MID, FIM_REP, FIM_SEP.
@@ -122,7 +123,7 @@ def test_adapters_in_load_order_and_init_without_apply(files):
     adapters = load_adapters([(str(files["adapter"]), 0.5), (str(files["adapter"]), 1.0)], "llama")
     assert [a.scale for a in adapters] == [0.5, 1.0]
     assert [a.scale for a in load_adapters([(str(files["adapter"]), 0.5)], "llama", init_without_apply=True)] == [0.0]
-    with pytest.raises(StartupError, match="adapter is for 'llama'"):
+    with pytest.raises(AdapterError, match="adapter is for 'llama'"):
         load_adapters([(str(files["adapter"]), 1.0)], "gemma3")
 
 
@@ -133,10 +134,10 @@ PROMPT = [40, 50, 60, 70, 80]
 
 @pytest.fixture(scope="module")
 def lora_client(files):
-    """A server started like `lamplight serve --lora adapter.gguf -c 512 -np 2`."""
+    """A server started like `lamplight serve --lora adapter.gguf -c 512 -np 2 --weights reference`."""
     args = build_parser().parse_args(["serve", "-m", str(files["model"]), "--lora", str(files["adapter"]),
-                                      "-c", "512", "-np", "2"])
-    loaded = lamplight.load(args.model)  # its own model: adapters hook into the layers
+                                      "-c", "512", "-np", "2", "--weights", "reference"])
+    loaded = load_model(args.model, engine_options(args))  # the reference path, as the expected tokens
     engine = build_engine(loaded, engine_options(args))
     server = serve(loaded, engine, server_settings(args))
     with httpx.Client(base_url=server.url, timeout=60) as client:
@@ -146,7 +147,7 @@ def lora_client(files):
 
 
 def test_lora_per_request_and_server_wide(lora_client, files):
-    base = greedy(load_model(GGUFFile(files["model"])), PROMPT, 10)
+    base = greedy(runner_for(files["model"]), PROMPT, 10)
     merged = greedy(merged_model(files["model"], files["adapter"], 1.0), PROMPT, 10)
     assert base != merged
     adapters = lora_client.get("/lora-adapters").json()

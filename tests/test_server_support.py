@@ -89,11 +89,11 @@ def serve(loaded, engine, settings: ServerSettings | None = None) -> ServerThrea
 @contextlib.contextmanager
 def model_server(path, *, fast: bool = False, n_ctx: int = 2048, n_parallel: int = 4, **engine_options):
     """Load a GGUF, start its engine and a server; stop both afterwards. Yields (server, loaded)."""
-    import lamplight
-    from lamplight.server.launcher import EngineOptions, build_engine
+    from lamplight.server.launcher import EngineOptions, build_engine, load_model
 
-    loaded = lamplight.load(str(path), fast=fast)
-    engine = build_engine(loaded, EngineOptions(n_ctx=n_ctx, n_parallel=n_parallel, **engine_options))
+    options = EngineOptions(n_ctx=n_ctx, n_parallel=n_parallel, weights="fast" if fast else "reference", **engine_options)
+    loaded = load_model(str(path), options)
+    engine = build_engine(loaded, options)
     server = serve(loaded, engine)
     try:
         yield server, loaded

@@ -79,10 +79,11 @@ def _add_norm(w: GGUFWriter, rng: np.random.Generator, name: str, n: int) -> Non
 
 
 def write_tiny_llama(path: str | Path, seed: int = 0, n_layers: int = 2, n_ctx: int = 256, qtype: Q = Q.Q8_0,
-                     n_embd: int = 64, split_max_tensors: int = 0, controls: list[str] = ()) -> Path:
+                     n_embd: int = 64, split_max_tensors: int = 0, controls: list[str] = (),
+                     keys: dict | None = None) -> Path:
     """A tiny random llama file; with `split_max_tensors`, split as llama.cpp's gguf-split does
     (PATH-00001-of-0000N.gguf ...; the first part's path is returned); `controls`: control tokens
-    added at the end of the vocabulary."""
+    added at the end of the vocabulary; `keys`: more `llama.*` keys (e.g. rope scaling)."""
     rng = np.random.default_rng(seed)
     tokens, types, merges, ids = _bpe_vocab()
     tokens, types = tokens + list(controls), types + [3] * len(controls)
@@ -93,6 +94,7 @@ def write_tiny_llama(path: str | Path, seed: int = 0, n_layers: int = 2, n_ctx: 
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(head_dim)
     w.add_vocab_size(n_vocab)
+    _add_arch_keys(w, "llama", keys or {}, n_layers)
     _add_bpe_tokenizer(w, "smollm", tokens, types, merges, ids)
     _add_linear(w, rng, "token_embd.weight", n_vocab, n_embd, Q.Q8_0, 0.5)
     for i in range(n_layers):
@@ -114,7 +116,9 @@ def write_tiny_llama(path: str | Path, seed: int = 0, n_layers: int = 2, n_ctx: 
     return Path(path)
 
 
-def write_tiny_gemma3(path: str | Path, seed: int = 0, n_layers: int = 6, n_ctx: int = 256, window: int = 8) -> Path:
+def write_tiny_gemma3(path: str | Path, seed: int = 0, n_layers: int = 6, n_ctx: int = 256, window: int = 8,
+                      keys: dict | None = None) -> Path:
+    """A tiny random gemma3 file (every sixth layer global); `keys`: more `gemma3.*` keys."""
     rng = np.random.default_rng(seed)
     tokens, scores, types, ids = _spm_vocab()
     n_vocab, n_embd, n_heads, n_kv, head_dim, n_ff = len(tokens), 64, 2, 1, 32, 128
@@ -124,6 +128,7 @@ def write_tiny_gemma3(path: str | Path, seed: int = 0, n_layers: int = 6, n_ctx:
     w.add_rope_freq_base(1_000_000.0)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_sliding_window(window)
+    _add_arch_keys(w, "gemma3", keys or {}, n_layers)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
@@ -233,10 +238,11 @@ TINY_ARCHS: dict[str, dict] = {
 
 
 def write_tiny_arch(path: str | Path, arch: str, seed: int = 0, n_layers: int = 2, n_ctx: int = 256,
-                    shape: dict | None = None) -> Path:
+                    shape: dict | None = None, keys: dict | None = None) -> Path:
     """A tiny random `arch` file (one of TINY_ARCHS) with the byte-level BPE vocabulary. `shape`
     overrides sizes (n_embd, n_heads, n_kv, n_ff, head_dim, expert_ff, n_expert, n_used) to
-    build larger files of the same kind (benchmarks)."""
+    build larger files of the same kind (benchmarks); `keys` adds to (or replaces) the entry's
+    `arch.*` keys."""
     shape = shape or {}
     spec = dict(TINY_ARCHS[arch])
     if "moe" in spec:
@@ -257,10 +263,7 @@ def write_tiny_arch(path: str | Path, arch: str, seed: int = 0, n_layers: int = 
         w.add_expert_count(spec["moe"]["n_expert"])
         w.add_expert_used_count(spec["moe"]["n_used"])
         w.add_expert_feed_forward_length(expert_ff)
-    for key, value in spec.get("keys", {}).items():
-        if isinstance(value, list):  # a per-layer pattern, cycled over the layers
-            value = [value[i % len(value)] for i in range(n_layers)]
-        _add_arch_key(w, f"{arch}.{key}", value)
+    _add_arch_keys(w, arch, {**spec.get("keys", {}), **(keys or {})}, n_layers)
     _add_bpe_tokenizer(w, "qwen2", tokens, types, merges, ids)
     _add_linear(w, rng, "token_embd.weight", len(tokens), n_embd, Q.F32, 0.5)
     dims = {"n_embd": n_embd, "q": n_heads * head_dim, "kv": n_kv * head_dim, "head_dim": head_dim, "n_heads": n_heads,
@@ -274,6 +277,13 @@ def write_tiny_arch(path: str | Path, arch: str, seed: int = 0, n_layers: int = 
         _add_bias(w, rng, "output.bias", len(tokens))
     _finish(w)
     return Path(path)
+
+
+def _add_arch_keys(w: GGUFWriter, arch: str, keys: dict, n_layers: int) -> None:
+    for key, value in keys.items():
+        if isinstance(value, list):  # a per-layer pattern, cycled over the layers
+            value = [value[i % len(value)] for i in range(n_layers)]
+        _add_arch_key(w, f"{arch}.{key}", value)
 
 
 def _add_arch_key(w: GGUFWriter, key: str, value) -> None:

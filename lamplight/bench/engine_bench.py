@@ -19,47 +19,42 @@ import time
 
 import torch
 
-from ..engine.kv_cache import BlockTable, KVCache
-from ..models.batch import SequenceChunk, build_forward_batch
+from ..models.batch import SequenceChunk
 from ..sampling import SamplingParams, SequenceSampler, sample_batch
 
 CONTEXT = 128  # tokens already in each sequence's cache when decode steps are timed
 
+# --paths names -> the backend each measures (lamplight.loader.BACKENDS).
+PATH_BACKENDS = {"reference": "reference", "fast": "pytorch", "compiled": "compiled", "native": "native"}
 
-def _token(n: int, model) -> int:
+
+def _token(n: int, runner) -> int:
     """A token id from n: ids 100..1099 as before, within a small test vocabulary's range."""
-    vocab = model.config.vocab_size
+    vocab = runner.config.vocab_size
     return n % 1000 + 100 if vocab > 1100 else n % vocab
 
 
-def _cache_dtype(model) -> torch.dtype:
-    return torch.float16 if model.native is not None else torch.float32
+def _state(runner, num_tokens: int):
+    """State with the server's default cache type for this backend."""
+    dtype = torch.float16 if runner.default_cache_type == "f16" else torch.float32
+    return runner.new_state(num_tokens, dtype)
 
 
-def decode_step_ms(model, tokenizer, batch: int, steps: int, forward=None) -> float:
-    forward = forward or model
-    cache = KVCache(model.config.kv_layout, num_blocks=batch * (CONTEXT + steps + 16) // 16 + batch, block_size=16,
-                    dtype=_cache_dtype(model))
-    tables = []
+def decode_step_ms(runner, tokenizer, batch: int, steps: int) -> float:
+    span = CONTEXT + steps  # each sequence's own range of state indices
+    state = _state(runner, batch * span)
     for b in range(batch):
-        table = BlockTable(cache)
-        table.fill_to(CONTEXT)
-        ids = [_token(b * 7 + i * 13, model) for i in range(CONTEXT)]
-        model(build_forward_batch([SequenceChunk(ids, 0, table.slots(), need_logits=False)]), cache)
-        tables.append(table)
+        ids = [_token(b * 7 + i * 13, runner) for i in range(CONTEXT)]
+        runner.run([SequenceChunk(ids, 0, range(b * span, b * span + CONTEXT), need_logits=False)], state)
     params = SamplingParams(temperature=0.8, seed=1)
     samplers = [SequenceSampler(params, tokenizer=tokenizer, n_ctx=4096, choice_index=i) for i in range(batch)]
-    tokens = [_token(200, model)] * batch
+    tokens = [_token(200, runner)] * batch
     times = []
-    for _ in range(steps):
+    for step in range(steps):
         start = time.perf_counter()
-        chunks = []
-        for b, table in enumerate(tables):
-            pos = table.num_tokens
-            table.fill_to(pos + 1)
-            chunks.append(SequenceChunk([tokens[b]], pos, table.slots()))
-        logits = forward(build_forward_batch(chunks), cache)
-        result = sample_batch(logits, samplers)
+        pos = CONTEXT + step
+        chunks = [SequenceChunk([tokens[b]], pos, range(b * span, b * span + pos + 1)) for b in range(batch)]
+        result = sample_batch(runner.run(chunks, state), samplers)
         for b, sampler in enumerate(samplers):
             sampler.accept(result.token_ids[b])
         tokens = result.token_ids
@@ -67,27 +62,21 @@ def decode_step_ms(model, tokenizer, batch: int, steps: int, forward=None) -> fl
     return statistics.median(times)
 
 
-def prefill_tokens_per_s(model, n_tokens: int, chunk: int = 512) -> float:
-    cache = KVCache(model.config.kv_layout, num_blocks=n_tokens // 16 + 2, block_size=16, dtype=_cache_dtype(model))
-    table = BlockTable(cache)
-    ids = [_token(i * 31, model) for i in range(n_tokens)]
+def prefill_tokens_per_s(runner, n_tokens: int, chunk: int = 512) -> float:
+    state = _state(runner, n_tokens)
+    ids = [_token(i * 31, runner) for i in range(n_tokens)]
     start = time.perf_counter()
     for first in range(0, n_tokens, chunk):
         end = min(first + chunk, n_tokens)
-        table.fill_to(end)
-        model(build_forward_batch([SequenceChunk(ids[first:end], first, table.slots())]), cache)
+        runner.run([SequenceChunk(ids[first:end], first, range(end))], state)
     return n_tokens / (time.perf_counter() - start)
 
 
-def compiled_forward(model):
-    from ..kernels.compiled import CompiledDecode
-
-    forward = CompiledDecode(model)
+def compiled_warm_up(runner) -> None:
     start = time.perf_counter()
-    with torch.inference_mode():
-        forward.warm_up(KVCache(model.config.kv_layout, num_blocks=64, block_size=16))
+    with torch.inference_mode():  # the mode the timed steps run in: compiled graphs are guarded on it
+        runner.warm_up(_state(runner, 1024))
     print(f"[compiled] compiled in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    return forward
 
 
 def peak_rss_mib() -> float:
@@ -99,37 +88,35 @@ def run_engine_bench(model_spec: str | None, paths: list[str], batches: list[int
 
     results: dict[str, dict] = {}
     loaded = {}
-    forwards = {}
     for path in paths:
-        m = load(model_spec, fast=(path != "reference"))
-        if path == "native" and m.model.native is None:
-            raise SystemExit(f"no native path here: {m.kernels}")
-        if path != "native":
-            m.model.use_torch_kernels(f"the {path} path is benchmarked")
-        m.model.requires_grad_(False)
+        if path not in PATH_BACKENDS:
+            raise SystemExit(f"unknown path {path!r} (use {', '.join(PATH_BACKENDS)})")
+        try:
+            m = load(model_spec, backend=PATH_BACKENDS[path])
+        except RuntimeError as exc:  # the native backend where this machine has none
+            raise SystemExit(str(exc)) from None
         loaded[path] = m
-        forwards[path] = m.model
         if path == "compiled":
-            forwards[path] = compiled_forward(m.model)
+            compiled_warm_up(m.runner)
         results[path] = {"decode_ms": {}, "rss_after_load_mib": peak_rss_mib()}
     torch_threads = torch.get_num_threads()
 
     def threads_for(m) -> None:  # as the server runs each path (lamplight.server.launcher)
-        torch.set_num_threads(1 if m.model.native is not None else torch_threads)
+        torch.set_num_threads(1 if m.runner.owns_threads else torch_threads)
 
     with torch.inference_mode():
         for path, m in loaded.items():  # warm-up
             threads_for(m)
-            decode_step_ms(m.model, m.tokenizer, 1, 3, forwards[path])
+            decode_step_ms(m.runner, m.tokenizer, 1, 3)
         for batch in batches:
             for path, m in loaded.items():
                 threads_for(m)
-                ms = decode_step_ms(m.model, m.tokenizer, batch, steps, forwards[path])
+                ms = decode_step_ms(m.runner, m.tokenizer, batch, steps)
                 results[path]["decode_ms"][batch] = ms
                 print(f"[{path}] batch {batch:3d}: {ms:8.2f} ms/step  {1e3 * batch / ms:8.1f} tokens/s", file=sys.stderr)
         for path, m in loaded.items():
             threads_for(m)
-            results[path]["prefill_tokens_per_s"] = prefill_tokens_per_s(m.model, 512)
+            results[path]["prefill_tokens_per_s"] = prefill_tokens_per_s(m.runner, 512)
     torch.set_num_threads(torch_threads)
     print(format_engine_table(results, batches))
     sampler_ms = sampler_chain_ms(batches)

@@ -69,8 +69,7 @@ class Replica:
 
         from lamplight.server import ServerState
         from lamplight.server.app import create_app
-        import lamplight
-        from lamplight.server.launcher import build_engine
+        from lamplight.server.launcher import build_engine, load_model
 
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
@@ -86,8 +85,8 @@ class Replica:
             from lamplight.hf_hub import resolve_hf
 
             model = str(resolve_hf(spec.hf_repo, filename=spec.hf_file, token=spec.hf_token))
-        loaded = lamplight.load(model, chat_template=spec.chat_template,
-                                chat_template_file=spec.chat_template_file, fast=spec.options.weights == "fast")
+        loaded = load_model(model, spec.options, chat_template=spec.chat_template,
+                            chat_template_file=spec.chat_template_file)
         self.engine = build_engine(loaded, spec.options)
         self.state = ServerState(settings)
         self.state.attach(loaded, self.engine)

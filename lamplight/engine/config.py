@@ -26,8 +26,6 @@ class EngineConfig:
     context_shift: bool = default_of("engine.context_shift")
     slot_prompt_similarity: float = 0.1
     device: str = "cpu"
-    # decode-only steps through torch.compile (lamplight.kernels.compiled)
-    compile: bool = default_of("engine.compile")
     # KV cache storage. float32 by default (llama-server's default is f16): on CPUs without
     # native half-precision math, converting the gathered keys back costs more than the memory.
     cache_type_k: str = "f32"

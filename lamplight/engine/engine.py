@@ -26,13 +26,14 @@ from typing import Callable
 import torch
 
 from ..grammar import fill_masks
-from ..models.base import CausalLM
-from ..models.batch import SequenceChunk, build_forward_batch
+from ..models.batch import SequenceChunk
 from ..models.lora import LoraAdapter
+from ..runner.base import ModelRunner
 from ..sampling import SequenceSampler, sample_batch
 from . import slot_actions, views
 from .config import EngineConfig
 from .handle import RequestHandle
+from ..state import StateSpec
 from .kv_cache import KVCache
 from .lora_sets import LoraSets, one_lora_set
 from .scheduler import Scheduler
@@ -54,28 +55,26 @@ log = logging.getLogger("lamplight.engine")
 
 class Engine:
     def __init__(
-        self, model: CausalLM, tokenizer, config: EngineConfig | None = None, loras: list[LoraAdapter] | None = None
+        self, runner: ModelRunner, tokenizer, config: EngineConfig | None = None, loras: list[LoraAdapter] | None = None
     ):
-        self.model = model
-        self.lora_sets = LoraSets(model, loras)
+        """`runner` computes every step (lamplight.loader.build_runner); `loras`: the adapters it
+        was built with (attached here if it was not), in id order."""
+        self.runner = runner
+        self.lora_sets = LoraSets(runner, loras)
         self.tokenizer = tokenizer
         self.config = config or EngineConfig()
         self.config.validate()
         cfg = self.config
         self.n_parallel = cfg.n_parallel
-        self.n_ctx_slot = min(cfg.n_ctx_slot, model.config.n_ctx_train)
+        self.n_ctx_slot = min(cfg.n_ctx_slot, runner.config.n_ctx_train)
         blocks_per_slot = -(-self.n_ctx_slot // cfg.block_size)
         # One spare block per slot for copy-on-write of a shared partial block (n > 1 choices).
-        num_blocks = blocks_per_slot * cfg.n_parallel + cfg.n_parallel
-        check_kv_fits(model.config.kv_layout, num_blocks * cfg.block_size, cfg)
+        num_tokens = (blocks_per_slot * cfg.n_parallel + cfg.n_parallel) * cfg.block_size
+        check_kv_fits(runner.state_spec, num_tokens, cfg)
         k_dtype, v_dtype = cfg.cache_dtypes
-        self.cache = KVCache(model.config.kv_layout, num_blocks, cfg.block_size, k_dtype, cfg.device, v_dtype)
-        self.compiled = None
-        if cfg.compile:
-            from ..kernels.compiled import CompiledDecode
-
-            self.compiled = CompiledDecode(model)
-            self.compiled.warm_up(self.cache)
+        self.state = runner.new_state(num_tokens, k_dtype, v_dtype, cfg.device)
+        self.cache = KVCache(self.state.kv, cfg.block_size)
+        runner.warm_up(self.state)
         self.slots = [Slot(i, self.cache) for i in range(cfg.n_parallel)]
         self.scheduler = Scheduler(self.slots, cfg.queue_size, cfg.slot_prompt_similarity)
         self.active: list[RequestHandle] = []
@@ -140,7 +139,7 @@ class Engine:
             raise InvalidRequestError("the prompt is empty")
         if n_prompt >= self.n_ctx_slot:
             raise ContextExceededError(n_prompt, self.n_ctx_slot)
-        vocab = self.model.config.vocab_size
+        vocab = self.runner.config.vocab_size
         bad = next((t for t in request.prompt_tokens if not 0 <= t < vocab), None)
         if bad is not None:
             raise InvalidRequestError(f"prompt token id {bad} is out of range [0, {vocab})")
@@ -212,7 +211,7 @@ class Engine:
 
     @property
     def fingerprint(self) -> str:
-        return repr(self.model.config)
+        return repr(self.runner.config)
 
     def save_slot(self, slot_id: int, path: str) -> dict:
         return self.call_on_engine(
@@ -341,9 +340,7 @@ class Engine:
         self._fail(handle, f"internal error in the engine: {exc!r}")
 
     def _run_model(self, chunks: list[SequenceChunk]) -> torch.Tensor:
-        if self.compiled is not None:
-            return self.compiled.run(chunks, self.cache)
-        return self.model(build_forward_batch(chunks, device=self.config.device), self.cache)
+        return self.runner.run(chunks, self.state)
 
     def _forward(self, plan: list[tuple[Sequence, SequenceChunk]]) -> tuple[list, torch.Tensor | None]:
         """The step's logits, one row per chunk that needs them, and the plan entries they are for.
@@ -403,7 +400,7 @@ class Engine:
         device = self.config.device
         src = torch.tensor(table.slots(n_keep + n_discard, n_tokens), dtype=torch.long, device=device)
         dst = torch.tensor(table.slots(n_keep, n_tokens - n_discard), dtype=torch.long, device=device)
-        self.model.shift_kv(self.cache, src, dst, -n_discard)
+        self.runner.shift_kv(self.state, src, dst, -n_discard)
         table.truncate(n_tokens - n_discard)
         seq.apply_context_shift(n_keep, n_discard)
 
@@ -520,9 +517,9 @@ def available_memory_bytes(device: str) -> int | None:
     return None
 
 
-def check_kv_fits(layout, num_tokens: int, cfg: EngineConfig) -> None:
+def check_kv_fits(spec: StateSpec, num_tokens: int, cfg: EngineConfig) -> None:
     """A clear error at start-up instead of an allocator failure when the KV cache cannot fit."""
-    need = KVCache.bytes_needed(layout, num_tokens, *cfg.cache_dtypes)
+    need = spec.bytes_per_token(*cfg.cache_dtypes) * num_tokens
     free = available_memory_bytes(cfg.device)
     if free is not None and need > free:
         raise MemoryError(

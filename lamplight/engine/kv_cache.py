@@ -1,11 +1,9 @@
-"""The paged KV cache: one pool of fixed-size blocks per layer, shared by all slots.
+"""The engine's paged view of the KV pool: fixed-size blocks handed to sequences.
 
-Storage is flat per layer and head-major: `k[layer]` has shape
-[n_kv_heads, num_blocks * block_size, head_dim], so a token's K/V lives at index
-`block * block_size + offset` of every head. Head-major storage lets one gather of a batch's keys
-come out as [n_kv_heads * batch, context, head_dim], the layout batched matmuls take as is.
-Sequences own lists of blocks (their block table); blocks are reference-counted so several
-sequences can share a prefix (the `n` choices of one request share the prompt's blocks).
+The pool itself (lamplight.state.kv.KVPool) is storage indexed by token slot; here it is cut
+into blocks of `block_size` slots. Sequences own lists of blocks (their block table); blocks are
+reference-counted so several sequences can share a prefix (the `n` choices of one request share
+the prompt's blocks).
 """
 
 from __future__ import annotations
@@ -14,69 +12,30 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..state.kv import KVPool
+
 
 class KVCacheFullError(RuntimeError):
     pass
 
 
-@dataclass(frozen=True)
-class KVLayout:
-    num_layers: int
-    n_kv_heads: int
-    head_dim_k: int
-    head_dim_v: int
-
-
 class KVCache:
-    def __init__(
-        self,
-        layout: KVLayout,
-        num_blocks: int,
-        block_size: int = 16,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        v_dtype: torch.dtype | None = None,
-    ):
-        self.layout = layout
-        self.block_size = block_size
-        self.num_blocks = num_blocks
-        n = num_blocks * block_size
-        self.k = [torch.zeros(layout.n_kv_heads, n, layout.head_dim_k, dtype=dtype, device=device) for _ in range(layout.num_layers)]
-        v_dtype = v_dtype or dtype
-        self.v = [torch.zeros(layout.n_kv_heads, n, layout.head_dim_v, dtype=v_dtype, device=device) for _ in range(layout.num_layers)]
-        self.allocator = BlockAllocator(num_blocks)
+    """A KV pool cut into reference-counted blocks."""
 
-    @staticmethod
-    def bytes_needed(layout: KVLayout, num_tokens: int, dtype: torch.dtype = torch.float32,
-                     v_dtype: torch.dtype | None = None) -> int:
-        bits = layout.head_dim_k * torch.finfo(dtype).bits + layout.head_dim_v * torch.finfo(v_dtype or dtype).bits
-        return layout.n_kv_heads * layout.num_layers * num_tokens * bits // 8
+    def __init__(self, pool: KVPool, block_size: int = 16):
+        if pool.num_tokens % block_size:
+            raise ValueError(f"a pool of {pool.num_tokens} tokens is not a whole number of {block_size}-token blocks")
+        self.pool = pool
+        self.block_size = block_size
+        self.num_blocks = pool.num_tokens // block_size
+        self.allocator = BlockAllocator(self.num_blocks)
 
     @property
     def device(self) -> torch.device:
-        return self.k[0].device
-
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store K/V of tokens ([T, n_kv_heads, head_dim]) at pool indices `slots` ([T])."""
-        self.k[layer].index_copy_(1, slots, k.transpose(0, 1).to(self.k[layer].dtype))
-        self.v[layer].index_copy_(1, slots, v.transpose(0, 1).to(self.v[layer].dtype))
-
-    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V at pool indices `slots`, token-major: [T, n_kv_heads, head_dim]."""
-        return self.k[layer][:, slots].transpose(0, 1), self.v[layer][:, slots].transpose(0, 1)
-
-    def gather(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V at pool indices `index` ([B, C]), head-major: [n_kv_heads, B, C, head_dim]."""
-        flat = index.reshape(-1)
-        k = self.k[layer].index_select(1, flat)
-        v = self.v[layer].index_select(1, flat)
-        return k.view(k.shape[0], *index.shape, k.shape[-1]), v.view(v.shape[0], *index.shape, v.shape[-1])
+        return self.pool.device
 
     def copy_tokens(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Copy K/V entries between pool indices in every layer (used to un-share a block)."""
-        for layer in range(self.layout.num_layers):
-            self.k[layer][:, dst] = self.k[layer][:, src]
-            self.v[layer][:, dst] = self.v[layer][:, src]
+        self.pool.copy_tokens(src, dst)
 
 
 @dataclass

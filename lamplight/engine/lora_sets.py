@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..models.lora import LoraAdapter, attach_loras
+from ..models.lora import LoraAdapter
 from .types import GenerationRequest, InvalidRequestError
 
 if TYPE_CHECKING:
@@ -13,10 +13,12 @@ if TYPE_CHECKING:
 
 
 class LoraSets:
-    def __init__(self, model, adapters: list[LoraAdapter] | None):
+    def __init__(self, runner, adapters: list[LoraAdapter] | None):
         self.adapters = list(adapters or [])
-        # The model's per-step scales (None without adapters: nothing to switch).
-        self.step_scales = attach_loras(model, self.adapters) if self.adapters else None
+        if self.adapters and runner.lora_scales is None:
+            runner.attach_loras(self.adapters)
+        # The runner's per-step scales (None without adapters: nothing to switch).
+        self.step_scales = runner.lora_scales if self.adapters else None
 
     def check(self, request: GenerationRequest) -> None:
         for adapter_id, _ in request.lora or ():

@@ -28,7 +28,8 @@ def slot_file_path(directory: str, filename: str) -> str:
 
 def save_slot(path: str, cache: KVCache, table: BlockTable, tokens: list[int], lora: tuple[float, ...], fingerprint: str) -> int:
     slots = torch.tensor(table.slots(0, len(tokens)), dtype=torch.long, device=cache.device)
-    layers = [cache.read(layer, slots) for layer in range(len(cache.k))]
+    pool = cache.pool
+    layers = [pool.read(layer, slots) for layer in range(len(pool.k))]
     data = {
         "format": FORMAT,
         "version": VERSION,
@@ -63,5 +64,6 @@ def write_slot(cache: KVCache, table: BlockTable, data: dict) -> None:
     table.release()
     table.fill_to(n)
     slots = torch.tensor(table.slots(), dtype=torch.long, device=cache.device)
-    for layer in range(len(cache.k)):
-        cache.write(layer, slots, data["k"][layer].to(cache.device), data["v"][layer].to(cache.device))
+    pool = cache.pool
+    for layer in range(len(pool.k)):
+        pool.write(layer, slots, data["k"][layer].to(cache.device), data["v"][layer].to(cache.device))

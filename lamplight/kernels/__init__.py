@@ -1,5 +1,4 @@
-"""Fast weight kernels: GGUF blocks repacked for PyTorch's low-bit matmuls, or bf16 weights.
-
-`lamplight.kernels.fast_path.use_fast_path(model)` switches a loaded model from the float32
-reference path to these kernels; the model code itself does not change.
+"""Weight kernels for PyTorch: GGUF blocks repacked for PyTorch's low-bit matmuls, bf16 or
+float32 dense weights, each batch-invariant. The models compute with them (reference: float32);
+lamplight.runner.fast_path assigns the fast ones. This package imports no model code.
 """

@@ -1,44 +1,54 @@
-"""Model architectures. `load_model(gguf)` picks the class for the file's architecture."""
+"""Model definitions: what each GGUF architecture computes.
+
+`define_model(gguf)` reads a file into a `DecoderSpec` (every weight by its role, plus the
+architecture's options); a runner (lamplight.runner, lamplight.native) computes it. Every
+architecture is one configuration of the decoder: adding one is a module with an `options`
+function and an entry below.
+"""
 
 from __future__ import annotations
 
-from ..gguf.file import GGUFError, GGUFFile
-from .base import CausalLM, ModelConfig
-from .gemma2 import Gemma2Model
-from .gemma3 import Gemma3Model
-from .gpt_oss import GptOssModel
-from .granite import GraniteModel
-from .llama import LlamaModel
-from .mistral3 import Mistral3Model
-from .olmo2 import Olmo2Model
-from .phi3 import Phi3Model
-from .qwen import Qwen2Model, Qwen3MoeModel
+from typing import Callable
 
-ARCHITECTURES: dict[str, type[CausalLM]] = {
-    "llama": LlamaModel,
-    "gemma3": Gemma3Model,
-    "qwen2": Qwen2Model,
-    "qwen3": Qwen2Model,  # qwen2's graph plus per-head Q/K norms, which the tensors say
-    "qwen3moe": Qwen3MoeModel,
-    "mistral3": Mistral3Model,
-    "gemma2": Gemma2Model,
-    "olmo2": Olmo2Model,
-    "granite": GraniteModel,
-    "phi3": Phi3Model,
-    "gpt-oss": GptOssModel,
+from ..gguf.file import GGUFError, GGUFFile
+from . import gemma2, gemma3, gpt_oss, granite, llama, mistral3, olmo2, phi3, qwen
+from .config import ModelConfig, read_common_config
+from .decoder import Decoder
+from .options import DecoderOptions
+from .spec import DecoderSpec, read_decoder_spec
+
+ARCHITECTURES: dict[str, Callable[[GGUFFile, ModelConfig], DecoderOptions]] = {
+    "llama": llama.options,
+    "gemma3": gemma3.options,
+    "qwen2": qwen.qwen2_options,
+    "qwen3": qwen.qwen2_options,  # qwen2's graph plus per-head Q/K norms, which the tensors say
+    "qwen3moe": qwen.qwen3moe_options,
+    "mistral3": mistral3.options,
+    "gemma2": gemma2.options,
+    "olmo2": olmo2.options,
+    "granite": granite.options,
+    "phi3": phi3.options,
+    "gpt-oss": gpt_oss.options,
 }
 
 
-def load_model(gguf: GGUFFile) -> CausalLM:
+def define_model(gguf: GGUFFile) -> DecoderSpec:
+    """The file's model definition; an unsupported architecture is named before anything else fails."""
     arch = gguf.architecture
-    cls = ARCHITECTURES.get(arch)
-    if cls is None:
+    options = ARCHITECTURES.get(arch)
+    if options is None:
         raise GGUFError(
             f"{gguf.path}: architecture {arch!r} is not supported (supported: {', '.join(sorted(ARCHITECTURES))})"
         )
-    model = cls(gguf)
+    config = read_common_config(gguf)
+    return read_decoder_spec(gguf, config, options(gguf, config))
+
+
+def load_model(gguf: GGUFFile) -> Decoder:
+    """The file's model as PyTorch modules on the reference kernels (dequantized float32)."""
+    model = Decoder(define_model(gguf))
     model.eval()
     return model
 
 
-__all__ = ["ARCHITECTURES", "CausalLM", "ModelConfig", "load_model"]
+__all__ = ["ARCHITECTURES", "Decoder", "DecoderSpec", "ModelConfig", "define_model", "load_model"]

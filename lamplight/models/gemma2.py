@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 
 from ..gguf.file import GGUFFile
-from .base import ModelConfig
-from .decoder import Decoder, DecoderOptions, gelu_tanh_fp16_table, read_rope, sliding_pattern
+from .config import ModelConfig
+from .options import DecoderOptions, read_rope, sliding_pattern
 
 SWA_PERIOD = 2
 # llama.cpp scales queries by 1/sqrt(n_embd / n_head) instead of 1/sqrt(head_dim) for the model
@@ -17,17 +17,15 @@ SWA_PERIOD = 2
 GEMMA2_27B_LAYERS = 46
 
 
-class Gemma2Model(Decoder):
-    @staticmethod
-    def options(gguf: GGUFFile, config: ModelConfig) -> DecoderOptions:
-        return DecoderOptions(
-            neox_rope=True,
-            rope_scaling=read_rope(gguf, config),
-            activation=gelu_tanh_fp16_table,
-            embd_scale=math.sqrt(config.n_embd),
-            attn_softcap=float(gguf.arch_value("attn_logit_softcapping", 0.0)) or None,
-            final_softcap=float(gguf.arch_value("final_logit_softcapping", 0.0)) or None,
-            attn_scale=(config.n_embd // config.n_heads) ** -0.5 if config.n_layers == GEMMA2_27B_LAYERS else None,
-            sliding_layers=sliding_pattern(gguf, config.n_layers, period=SWA_PERIOD),
-            window=int(gguf.arch_value("attention.sliding_window", 0)),
-        )
+def options(gguf: GGUFFile, config: ModelConfig) -> DecoderOptions:
+    return DecoderOptions(
+        neox_rope=True,
+        rope_scaling=read_rope(gguf, config),
+        activation="gelu_tanh_fp16",
+        embd_scale=math.sqrt(config.n_embd),
+        attn_softcap=float(gguf.arch_value("attn_logit_softcapping", 0.0)) or None,
+        final_softcap=float(gguf.arch_value("final_logit_softcapping", 0.0)) or None,
+        attn_scale=(config.n_embd // config.n_heads) ** -0.5 if config.n_layers == GEMMA2_27B_LAYERS else None,
+        sliding_layers=sliding_pattern(gguf, config.n_layers, period=SWA_PERIOD),
+        window=int(gguf.arch_value("attention.sliding_window", 0)),
+    )

@@ -7,27 +7,24 @@ FFN input norm is stored as post_attention_norm."""
 from __future__ import annotations
 
 from ..gguf.file import GGUFFile
-from .base import ModelConfig
-from .decoder import Decoder, DecoderOptions, MoEOptions, read_rope, sliding_pattern
-from .moe import swiglu_oai
+from .config import ModelConfig
+from .options import DecoderOptions, MoEOptions, read_rope, sliding_pattern
 
 SWA_PERIOD = 2
 
 
-class GptOssModel(Decoder):
-    @staticmethod
-    def options(gguf: GGUFFile, config: ModelConfig) -> DecoderOptions:
-        moe = MoEOptions(
-            n_used=int(gguf.require_arch_value("expert_used_count")),
-            gating="softmax_selected",
-            normalize=False,
-            activation=swiglu_oai,
-        )
-        return DecoderOptions(
-            neox_rope=True,
-            rope_scaling=read_rope(gguf, config),
-            sliding_layers=sliding_pattern(gguf, config.n_layers, period=SWA_PERIOD),
-            window=int(gguf.arch_value("attention.sliding_window", 0)),
-            ffn_norm_tensor="post_attention_norm.weight",
-            moe=moe,
-        )
+def options(gguf: GGUFFile, config: ModelConfig) -> DecoderOptions:
+    moe = MoEOptions(
+        n_used=int(gguf.require_arch_value("expert_used_count")),
+        gating="softmax_selected",
+        normalize=False,
+        activation="swiglu_oai",
+    )
+    return DecoderOptions(
+        neox_rope=True,
+        rope_scaling=read_rope(gguf, config),
+        sliding_layers=sliding_pattern(gguf, config.n_layers, period=SWA_PERIOD),
+        window=int(gguf.arch_value("attention.sliding_window", 0)),
+        ffn_norm_tensor="post_attention_norm.weight",
+        moe=moe,
+    )

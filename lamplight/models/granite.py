@@ -5,18 +5,16 @@ place of 1/sqrt(head_dim), logits divided by logit_scale. NORM rope."""
 from __future__ import annotations
 
 from ..gguf.file import GGUFFile
-from .base import ModelConfig
-from .decoder import Decoder, DecoderOptions, read_rope, scale_key
+from .config import ModelConfig
+from .options import DecoderOptions, read_rope, scale_key
 
 
-class GraniteModel(Decoder):
-    @staticmethod
-    def options(gguf: GGUFFile, config: ModelConfig) -> DecoderOptions:
-        return DecoderOptions(
-            neox_rope=False,
-            rope_scaling=read_rope(gguf, config),
-            embd_scale=scale_key(gguf, "embedding_scale"),
-            residual_scale=scale_key(gguf, "residual_scale"),
-            attn_scale=scale_key(gguf, "attention.scale", 0.0) or None,
-            logit_scale=scale_key(gguf, "logit_scale"),
-        )
+def options(gguf: GGUFFile, config: ModelConfig) -> DecoderOptions:
+    return DecoderOptions(
+        neox_rope=False,
+        rope_scaling=read_rope(gguf, config),
+        embd_scale=scale_key(gguf, "embedding_scale"),
+        residual_scale=scale_key(gguf, "residual_scale"),
+        attn_scale=scale_key(gguf, "attention.scale", 0.0) or None,
+        logit_scale=scale_key(gguf, "logit_scale"),
+    )

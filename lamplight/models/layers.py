@@ -1,4 +1,4 @@
-"""Building blocks shared by the architectures: quantized linear, RMSNorm, RoPE, paged attention."""
+"""Building blocks of the PyTorch decoder: quantized linear, RMSNorm, RoPE, paged attention."""
 
 from __future__ import annotations
 
@@ -6,19 +6,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..engine.kv_cache import KVCache
 from ..gguf.file import TensorInfo
 from ..gguf.quant import dequantize
 from ..kernels.linear import DenseKernel
+from ..state.kv import KVPool
 from .batch import ForwardBatch
 from .rope_scaling import RopeScaling
+from .spec import LinearSpec, RopeSpec
 
 
 class QuantLinear(nn.Module):
     """A linear layer whose weight comes from GGUF blocks.
 
     It keeps the GGUF tensor (raw blocks, memory-mapped, no copy) and computes with a *kernel*:
-    the reference path is the dequantized float32 weight; `lamplight.kernels.fast_path` swaps in
+    the reference path is the dequantized float32 weight; `lamplight.runner.fast_path` swaps in
     packed or bf16 kernels without touching model code. LoRA adapters add on top of any kernel.
     """
 
@@ -69,15 +70,22 @@ class QuantLinear(nn.Module):
 
 
 class LinearGroup(nn.Module):
-    """Several linears reading the same input (Q/K/V, gate/up): one fused matmul when possible."""
+    """Several linears reading the same input (Q/K/V, gate/up): one fused matmul when possible,
+    plus the joint bias of the spec, if any."""
 
-    def __init__(self, *members: QuantLinear):
+    def __init__(self, spec: LinearSpec):
         super().__init__()
-        self.members = nn.ModuleList(members)
+        self.members = nn.ModuleList(QuantLinear(info) for info in spec.weights)
         self.fused = None  # a kernel computing all members' outputs side by side
-        self.sizes = [m.out_features for m in members]
+        self.sizes = spec.sizes
+        # A buffer (None where absent) so that .to(device) moves it with the model.
+        self.register_buffer("bias", spec.bias, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._matmul(x)
+        return y if self.bias is None else y + self.bias
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         """All members' outputs side by side: [..., sum of out_features]."""
         if self.fused is None:
             return torch.cat([m(x) for m in self.members], dim=-1)
@@ -86,21 +94,6 @@ class LinearGroup(nn.Module):
             for m, part in zip(self.members, y.split(self.sizes, dim=-1)):
                 m.add_lora_(x, part)
         return y
-
-
-class DecoderBlock(nn.Module):
-    """The weights every pre-norm decoder layer has: norms, fused Q/K/V, output, gate/up, down."""
-
-    def __init__(self, w, i: int, eps: float):
-        super().__init__()
-        p = f"blk.{i}."
-        self.prefix = p
-        self.attn_norm = RMSNorm(w.dense(p + "attn_norm.weight"), eps)
-        self.qkv = LinearGroup(w.linear(p + "attn_q.weight"), w.linear(p + "attn_k.weight"), w.linear(p + "attn_v.weight"))
-        self.wo = w.linear(p + "attn_output.weight")
-        self.ffn_norm = RMSNorm(w.dense(p + "ffn_norm.weight"), eps)
-        self.gate_up = LinearGroup(w.linear(p + "ffn_gate.weight"), w.linear(p + "ffn_up.weight"))
-        self.down = w.linear(p + "ffn_down.weight")
 
 
 class RMSNorm(nn.Module):
@@ -138,6 +131,16 @@ class Rotary(nn.Module):
         angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    @classmethod
+    def from_spec(cls, rope: RopeSpec) -> "Rotary":
+        return cls(rope.n_rot, rope.base, rope.max_pos, rope.neox, rope.freq_factors, rope.scaling)
+
+    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [max_pos, n_rot / 2] with the scaling's magnitude folded in."""
+        if self.magnitude == 1.0:
+            return self.cos, self.sin
+        return self.cos * self.magnitude, self.sin * self.magnitude
 
     def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """cos, sin and cos + i sin at `positions`, shaped to broadcast over heads: computed once
@@ -228,7 +231,7 @@ def paged_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     layer: int,
-    kv: KVCache,
+    kv: KVPool,
     batch: ForwardBatch,
     scale: float,
     window: int | None = None,
@@ -281,3 +284,12 @@ def _shaped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     scores = shaping.cap(torch.matmul(q, keys.transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf"))
     sinks = None if shaping.sinks is None else shaping.sinks.view(1, -1, 1, 1)
     return torch.matmul(shaping.softmax(scores, sinks), values)
+
+
+@torch.inference_mode()
+def shift_kv(kv: KVPool, layer_ropes: list[Rotary], src: torch.Tensor, dst: torch.Tensor, delta: int) -> None:
+    """Move cached K/V entries from pool indices `src` to `dst`, re-rotating each layer's keys by
+    `delta` positions with that layer's rope (context shift), so nothing has to be recomputed."""
+    for layer, rope in enumerate(layer_ropes):
+        k, v = kv.read(layer, src)
+        kv.write(layer, dst, rope.rotate_by(k.float(), delta), v)

@@ -13,11 +13,12 @@ import os
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from ..gguf.file import GGUFError, GGUFFile
 from ..gguf.quant import dequantize
-from .base import CausalLM
 from .layers import QuantLinear
+from .spec import DecoderSpec
 
 
 @dataclass
@@ -64,19 +65,25 @@ def load_lora(path: str | os.PathLike, architecture: str) -> LoraAdapter:
     return LoraAdapter(os.fspath(path), float(meta.get("adapter.lora.alpha", 0.0)), weights)
 
 
-def attach_loras(model: CausalLM, adapters: list[LoraAdapter]) -> LoraScales:
-    """Hook every adapter into the model's linear layers; returns the per-step scale holder."""
+def check_adapters(spec: DecoderSpec, adapters: list[LoraAdapter]) -> None:
+    """Every adapted weight is a linear weight of the model, of the adapter's shape."""
+    linears = spec.linear_weights()
+    for adapter in adapters:
+        for name, (a, b) in adapter.weights.items():
+            weight = linears.get(name)
+            if weight is None:
+                raise GGUFError(f"{adapter.path}: adapts {name}, which is not a linear weight of the model")
+            out_features, in_features = weight.shape
+            if a.shape[1] != in_features or b.shape[0] != out_features:
+                raise GGUFError(f"{adapter.path}: {name} adapter shape does not match the model's weight")
+
+
+def attach_loras(model: nn.Module, adapters: list[LoraAdapter]) -> LoraScales:
+    """Hook every adapter into the PyTorch model's linear layers (checked with check_adapters
+    first); returns the per-step scale holder they share."""
     scales = LoraScales([0.0] * len(adapters))
     linears = {m.name: m for m in model.modules() if isinstance(m, QuantLinear)}
     for index, adapter in enumerate(adapters):
         for name, (a, b) in adapter.weights.items():
-            layer = linears.get(name)
-            if layer is None:
-                raise GGUFError(f"{adapter.path}: adapts {name}, which is not a linear weight of the model")
-            if a.shape[1] != layer.in_features or b.shape[0] != layer.out_features:
-                raise GGUFError(f"{adapter.path}: {name} adapter shape does not match the model's weight")
-            layer.add_lora(index, a, b, adapter.factor(name), scales)
-    model.lora_scales = scales
-    if model.native is not None:
-        model.native.rebuild()  # the native forward applies the adapters too
+            linears[name].add_lora(index, a, b, adapter.factor(name), scales)
     return scales

@@ -8,21 +8,19 @@ from __future__ import annotations
 import math
 
 from ..gguf.file import GGUFError, GGUFFile
-from .base import ModelConfig
-from .decoder import Decoder, DecoderOptions, QueryTemperature, read_rope, scale_key
+from .config import ModelConfig
+from .options import DecoderOptions, QueryTemperature, read_rope, scale_key
 
 
-class Mistral3Model(Decoder):
-    @staticmethod
-    def options(gguf: GGUFFile, config: ModelConfig) -> DecoderOptions:
-        scaling = read_rope(gguf, config)
-        scaling = scaling.with_attn_factor(1.0 / (1.0 + 0.1 * math.log(1.0 / scaling.freq_scale)))
-        return DecoderOptions(
-            neox_rope=False,
-            rope_scaling=scaling,
-            attn_scale=scale_key(gguf, "attention.scale", 0.0) or None,
-            query_temperature=_temperature(gguf, scaling.n_ctx_orig),
-        )
+def options(gguf: GGUFFile, config: ModelConfig) -> DecoderOptions:
+    scaling = read_rope(gguf, config)
+    scaling = scaling.with_attn_factor(1.0 / (1.0 + 0.1 * math.log(1.0 / scaling.freq_scale)))
+    return DecoderOptions(
+        neox_rope=False,
+        rope_scaling=scaling,
+        attn_scale=scale_key(gguf, "attention.scale", 0.0) or None,
+        query_temperature=_temperature(gguf, scaling.n_ctx_orig),
+    )
 
 
 def _temperature(gguf: GGUFFile, n_ctx_orig: int) -> QueryTemperature | None:

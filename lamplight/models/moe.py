@@ -9,26 +9,14 @@ linear, and every expert matmul pads its rows like the batch-invariant dense ker
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..gguf.file import TensorInfo
 from ..gguf.quant import dequantize_rows
 from ..kernels.linear import BATCH_INVARIANT_ROWS, DenseKernel
-
-SWIGLU_OAI_ALPHA = 1.702  # gpt-oss's clamped SwiGLU (llama.cpp: ggml_swiglu_oai, fixed values)
-SWIGLU_OAI_LIMIT = 7.0
-
-
-def silu_glu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return F.silu(gate) * up
-
-
-def swiglu_oai(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """gpt-oss: gate clamped above, up clamped both ways, then x * sigmoid(alpha x) * (up + 1)."""
-    gate = gate.clamp(max=SWIGLU_OAI_LIMIT)
-    up = up.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
-    return gate * torch.sigmoid(SWIGLU_OAI_ALPHA * gate) * (up + 1)
+from .activations import ACTIVATIONS
+from .layers import QuantLinear
+from .spec import ExpertsSpec
 
 
 class ExpertBank(nn.Module):
@@ -60,18 +48,15 @@ class MoEFeedForward(nn.Module):
     raw router logits, softmax over the k selected.
     """
 
-    def __init__(self, w, prefix: str, n_used: int, gating: str, normalize: bool, activation):
+    def __init__(self, spec: ExpertsSpec):
         super().__init__()
-        self.router = w.linear(prefix + "ffn_gate_inp.weight")
-        self.register_buffer("router_bias", w.optional_dense(prefix + "ffn_gate_inp.bias"), persistent=False)
-        self.gate = self._bank(w, prefix + "ffn_gate_exps")
-        self.up = self._bank(w, prefix + "ffn_up_exps")
-        self.down = self._bank(w, prefix + "ffn_down_exps")
-        self.n_used, self.gating, self.normalize, self.activation = n_used, gating, normalize, activation
-
-    @staticmethod
-    def _bank(w, name: str) -> ExpertBank:
-        return ExpertBank(w.info(name + ".weight"), w.optional_dense(name + ".bias"))
+        self.router = QuantLinear(spec.router)
+        self.register_buffer("router_bias", spec.router_bias, persistent=False)
+        self.gate = ExpertBank(spec.gate, spec.gate_bias)
+        self.up = ExpertBank(spec.up, spec.up_bias)
+        self.down = ExpertBank(spec.down, spec.down_bias)
+        self.n_used, self.gating, self.normalize = spec.n_used, spec.gating, spec.normalize
+        self.activation = ACTIVATIONS[spec.activation]
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per row: the selected experts [T, k] and their weights [T, k]."""

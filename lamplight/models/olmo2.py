@@ -6,20 +6,18 @@ it) applies to the full-attention layers only, as in llama.cpp."""
 from __future__ import annotations
 
 from ..gguf.file import GGUFFile
-from .base import ModelConfig
-from .decoder import Decoder, DecoderOptions, read_rope, sliding_pattern
+from .config import ModelConfig
+from .options import DecoderOptions, read_rope, sliding_pattern
 
 # llama.cpp's default when the file gives a window but no pattern: 3 sliding layers, then 1 full.
 DEFAULT_SWA_PERIOD = 4
 
 
-class Olmo2Model(Decoder):
-    @staticmethod
-    def options(gguf: GGUFFile, config: ModelConfig) -> DecoderOptions:
-        return DecoderOptions(
-            neox_rope=True,
-            rope_scaling=read_rope(gguf, config),
-            scaled_rope_on_sliding=False,
-            sliding_layers=sliding_pattern(gguf, config.n_layers, default_period=DEFAULT_SWA_PERIOD),
-            window=int(gguf.arch_value("attention.sliding_window", 0)),
-        )
+def options(gguf: GGUFFile, config: ModelConfig) -> DecoderOptions:
+    return DecoderOptions(
+        neox_rope=True,
+        rope_scaling=read_rope(gguf, config),
+        scaled_rope_on_sliding=False,
+        sliding_layers=sliding_pattern(gguf, config.n_layers, default_period=DEFAULT_SWA_PERIOD),
+        window=int(gguf.arch_value("attention.sliding_window", 0)),
+    )

@@ -6,11 +6,9 @@ LongRoPE files (rope_factors_long/short) are refused at load (see Decoder)."""
 from __future__ import annotations
 
 from ..gguf.file import GGUFFile
-from .base import ModelConfig
-from .decoder import Decoder, DecoderOptions, read_rope
+from .config import ModelConfig
+from .options import DecoderOptions, read_rope
 
 
-class Phi3Model(Decoder):
-    @staticmethod
-    def options(gguf: GGUFFile, config: ModelConfig) -> DecoderOptions:
-        return DecoderOptions(neox_rope=True, rope_scaling=read_rope(gguf, config))
+def options(gguf: GGUFFile, config: ModelConfig) -> DecoderOptions:
+    return DecoderOptions(neox_rope=True, rope_scaling=read_rope(gguf, config))

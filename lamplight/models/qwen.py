@@ -5,20 +5,14 @@ renormalised). All NEOX rope; an output bias where the file has one."""
 from __future__ import annotations
 
 from ..gguf.file import GGUFFile
-from .base import ModelConfig
-from .decoder import Decoder, DecoderOptions, MoEOptions, read_rope
+from .config import ModelConfig
+from .options import DecoderOptions, MoEOptions, read_rope
 
 
-class Qwen2Model(Decoder):
-    """Also serves qwen3: what differs (biases, Q/K norms) is read from the tensors."""
-
-    @staticmethod
-    def options(gguf: GGUFFile, config: ModelConfig) -> DecoderOptions:
-        return DecoderOptions(neox_rope=True, rope_scaling=read_rope(gguf, config))
+def qwen2_options(gguf: GGUFFile, config: ModelConfig) -> DecoderOptions:
+    return DecoderOptions(neox_rope=True, rope_scaling=read_rope(gguf, config))
 
 
-class Qwen3MoeModel(Decoder):
-    @staticmethod
-    def options(gguf: GGUFFile, config: ModelConfig) -> DecoderOptions:
-        moe = MoEOptions(n_used=int(gguf.require_arch_value("expert_used_count")), gating="softmax", normalize=True)
-        return DecoderOptions(neox_rope=True, rope_scaling=read_rope(gguf, config), moe=moe)
+def qwen3moe_options(gguf: GGUFFile, config: ModelConfig) -> DecoderOptions:
+    moe = MoEOptions(n_used=int(gguf.require_arch_value("expert_used_count")), gating="softmax", normalize=True)
+    return DecoderOptions(neox_rope=True, rope_scaling=read_rope(gguf, config), moe=moe)

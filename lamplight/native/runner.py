@@ -1,9 +1,10 @@
-"""A loaded model's weights handed to the native forward pass (src/forward.cpp).
+"""The "native" backend: a model definition handed to the C++ forward pass (src/forward.cpp).
 
-`NativeModel(model, lib)` describes a `CausalLM` (llama or gemma3) to the C++ side once: the
-packed weights (lamplight.native.pack, exact repacks of the GGUF blocks), norms, RoPE tables.
-Calling it runs one step: every row through the same native code, K/V written to the engine's
-paged pool, logits for the batch's logit rows.
+`NativeRunner(spec, lib)` describes a DecoderSpec (lamplight.models.spec) to the C++ side once:
+the packed weights (lamplight.native.pack, exact repacks of the GGUF blocks), norms, RoPE
+tables, LoRA adapters. Each step runs every row through the same native code, K/V written to
+the caller's paged pool, logits for the batch's logit rows. It reads only the spec: no PyTorch
+module of the model is built.
 """
 
 from __future__ import annotations
@@ -14,19 +15,22 @@ import itertools
 import numpy as np
 import torch
 
-from ..gguf.quant import dequantize, dequantize_rows
-from ..models.base import CausalLM
-from ..models.batch import ForwardBatch
-from ..models.decoder import Decoder, gelu_tanh_fp16_table
 from ..gguf.file import TensorInfo
-from ..models.moe import MoEFeedForward, silu_glu, swiglu_oai
+from ..gguf.quant import dequantize, dequantize_rows
+from ..models.batch import ForwardBatch
+from ..models.layers import Rotary, shift_kv
+from ..models.lora import LoraAdapter, LoraScales, check_adapters
+from ..models.spec import DecoderSpec, ExpertsSpec, FeedForwardSpec, LayerSpec
+from ..runner.base import ModelRunner
+from ..state import ModelState
+from ..state.kv import KVPool
 from . import abi
 from .abi import NativeUnsupported
 
-# The configurable decoder's gate/up combinations the native forward computes. ggml's fp16 GELU
-# table (gemma2) is computed exactly instead of looked up: within fp16 rounding of it.
-_ACTIVATIONS = {silu_glu: abi.LP_ACT_SILU, gelu_tanh_fp16_table: abi.LP_ACT_GELU_TANH,
-                swiglu_oai: abi.LP_ACT_SWIGLU_OAI}
+# The gate/up combinations (lamplight.models.activations) the native forward computes. ggml's
+# fp16 GELU table (gemma2) is computed exactly instead of looked up: within fp16 rounding of it.
+_ACTIVATIONS = {"silu": abi.LP_ACT_SILU, "gelu_tanh": abi.LP_ACT_GELU_TANH, "gelu_tanh_fp16": abi.LP_ACT_GELU_TANH,
+                "swiglu_oai": abi.LP_ACT_SWIGLU_OAI}
 
 KV_TYPES = {torch.float32: abi.LP_KV_F32, torch.float16: abi.LP_KV_F16, torch.bfloat16: abi.LP_KV_BF16}
 
@@ -39,26 +43,43 @@ def _ptr(t) -> int | None:
     return t.data_ptr()
 
 
-class NativeModel:
-    def __init__(self, model: CausalLM, lib: ctypes.CDLL, packed: bool = True):
-        self.model = model
+class NativeRunner(ModelRunner):
+    backend = "native"
+    default_cache_type = "f16"  # llama-server's default; the native attention reads f16 fast
+    owns_threads = True
+
+    def __init__(self, spec: DecoderSpec, lib: ctypes.CDLL, packed: bool = True):
+        super().__init__(spec)
+        _check_supported(spec)
         self.lib = lib
         self.packed = packed
+        self.ropes = [Rotary.from_spec(r) for r in spec.ropes]
+        self._adapters: list[LoraAdapter] = []
         self._packed: dict[tuple[str, ...], list] = {}  # packed parts by weight names (kept across rebuilds)
-        self._kv_desc: tuple[object, abi.KV] | None = None  # (the pool, its description)
+        self._kv_desc: tuple[KVPool, abi.KV] | None = None  # (the pool, its description)
         self.handle = None
-        self.rebuild()
+        self._rebuild()
         lib.lp_set_threads(torch.get_num_threads())  # -t sets torch's count before loading
         self.threads = lib.lp_get_threads()
         self.kinds = sorted({self._kind(p) for p in self._parts()})
 
-    def rebuild(self) -> None:
-        """Describe the model to the C side again (after LoRA adapters were attached to its
-        layers); packed weights are reused."""
+    def attach_loras(self, adapters: list[LoraAdapter]) -> LoraScales:
+        """Describe the model again with the adapters' deltas on their linears (packed weights
+        are reused)."""
+        check_adapters(self.spec, adapters)
+        routers = {layer.ffn.router.name for layer in self.spec.layers if isinstance(layer.ffn, ExpertsSpec)}
+        adapted = sorted(name for adapter in adapters for name in adapter.weights if name in routers)
+        if adapted:
+            raise NativeUnsupported(f"LoRA adapters on a mixture-of-experts router ({adapted[0]})")
+        self._adapters = list(adapters)
+        self.lora_scales = LoraScales([0.0] * len(adapters))
+        self._rebuild()
+        return self.lora_scales
+
+    def _rebuild(self) -> None:
         self._keep: list = []  # every array the C side points into
-        config = self._describe_config(self.model)
-        n_layers = self.model.config.n_layers
-        layers = (abi.Layer * n_layers)(*(self._describe_layer(self.model, i) for i in range(n_layers)))
+        config = self._describe_config()
+        layers = (abi.Layer * len(self.spec.layers))(*(self._describe_layer(layer) for layer in self.spec.layers))
         if self.handle:
             self.lib.lp_model_free(self.handle)
         self._config, self._layers = config, layers
@@ -78,6 +99,9 @@ class NativeModel:
         """Bytes of the forward's working buffers so far (they grow with the largest step)."""
         return self.lib.lp_model_scratch_bytes(self.handle)
 
+    def shift_kv(self, state: ModelState, src: torch.Tensor, dst: torch.Tensor, delta: int) -> None:
+        shift_kv(state.kv, [self.ropes[layer.attn.rope] for layer in self.spec.layers], src, dst, delta)
+
     def __del__(self):
         handle = getattr(self, "handle", None)
         if handle:
@@ -85,19 +109,20 @@ class NativeModel:
 
     # -- description -----------------------------------------------------------------------------
 
-    def _hold(self, t: torch.Tensor | np.ndarray) -> int:
+    def _hold(self, t: torch.Tensor | np.ndarray | None) -> int | None:
+        if t is None:
+            return None
         if isinstance(t, torch.Tensor):
             t = t.detach().float().contiguous()
         self._keep.append(t)
         return _ptr(t)
 
-    def _linear(self, members, bias: torch.Tensor | None = None) -> abi.Linear:
-        """One native linear over `members` (QuantLinears reading the same input)."""
-        infos = [m.info for m in members]
+    def _linear(self, infos: tuple[TensorInfo, ...], bias: torch.Tensor | None = None) -> abi.Linear:
+        """One native linear over weights reading the same input, outputs side by side."""
         lin = abi.Linear()
         names = tuple(i.name for i in infos)
         if names not in self._packed:
-            self._packed[names] = _pack_groups(infos) if self.packed else [([i], None) for i in infos]
+            self._packed[names] = _pack_groups(list(infos)) if self.packed else [([i], None) for i in infos]
         groups = self._packed[names]
         if len(groups) > abi.MAX_PARTS:
             raise NativeUnsupported(f"more than {abi.MAX_PARTS} weights in one fused linear")
@@ -111,20 +136,23 @@ class NativeModel:
                 weight = torch.cat([dequantize(i) for i in group_infos])
                 part.w.format, part.w.n, part.w.k = 0, weight.shape[0], weight.shape[1]
                 part.dense = self._hold(weight)
-        lin.bias = self._hold(bias) if bias is not None else None
-        self._attach_loras(lin, members)
+        lin.bias = self._hold(bias)
+        self._attach_loras(lin, infos)
         return lin
 
-    def _attach_loras(self, lin: abi.Linear, members) -> None:
-        """The members' LoRA adapters (QuantLinear.loras) as native deltas on their columns."""
+    def _attach_loras(self, lin: abi.Linear, infos: tuple[TensorInfo, ...]) -> None:
+        """The adapters' deltas on these weights, as native deltas on their columns."""
         loras, offset = [], 0
-        for member in members:
-            for index, a, b, factor in getattr(member, "loras", ()):
+        for info in infos:
+            for index, adapter in enumerate(self._adapters):
+                if info.name not in adapter.weights:
+                    continue
+                a, b = adapter.weights[info.name]
                 if a.shape[0] > abi.MAX_LORA_RANK:
                     raise NativeUnsupported(f"LoRA rank {a.shape[0]} is above {abi.MAX_LORA_RANK}")
-                loras.append(abi.Lora(index, a.shape[0], offset, member.info.shape[0], factor, 0,
+                loras.append(abi.Lora(index, a.shape[0], offset, info.shape[0], adapter.factor(info.name), 0,
                                       self._hold(a), self._hold(b)))
-            offset += member.info.shape[0]
+            offset += info.shape[0]
         if loras:
             array = (abi.Lora * len(loras))(*loras)
             self._keep.append(array)
@@ -140,46 +168,12 @@ class NativeModel:
     def _kind(part: abi.LinearPart) -> str:
         return {0: "f32", 1: "w4", 2: "w8", 3: "w8_32"}.get(part.w.format, f"format{part.w.format}")
 
-    def _describe_config(self, model: CausalLM) -> abi.Config:
-        cfg = model.config
-        if cfg.head_dim_k % 8 or cfg.head_dim_v % 8 or cfg.n_embd > 8192:
-            raise NativeUnsupported(f"head sizes {cfg.head_dim_k}/{cfg.head_dim_v} or width {cfg.n_embd}")
+    def _describe_config(self) -> abi.Config:
+        spec, cfg, opts = self.spec, self.spec.config, self.spec.options
         c = abi.Config()
         c.n_layers, c.n_embd, c.n_heads, c.n_kv_heads = cfg.n_layers, cfg.n_embd, cfg.n_heads, cfg.n_kv_heads
         c.head_dim_k, c.head_dim_v, c.n_ff, c.vocab = cfg.head_dim_k, cfg.head_dim_v, cfg.n_ff, cfg.vocab_size
-        c.rms_eps, c.attn_scale = cfg.rms_eps, model.scale
-        c.embd_scale = c.residual_scale = c.logit_scale = 1.0
-        head_bias = None
-        if isinstance(model, Decoder):
-            ropes, head_bias = self._decoder_config(model, c)
-        elif cfg.architecture == "llama":
-            ropes, c.activation = [model.rope], abi.LP_ACT_SILU
-        elif cfg.architecture == "gemma3":
-            ropes = [model.rope_local, model.rope_global]
-            c.activation, c.embd_scale = abi.LP_ACT_GELU_TANH, model.embd_scale
-            c.final_softcap = float(model.softcap or 0.0)
-        else:
-            raise NativeUnsupported(f"no native forward for architecture {cfg.architecture}")
-        c.n_rot, c.rope_neox, c.rope_max_pos = ropes[0].n_rot, int(ropes[0].neox), ropes[0].cos.shape[0]
-        for i, rope in enumerate(ropes):
-            # YaRN's magnitude scales the rotated values: folded into the tables (as `angles` does).
-            magnitude = getattr(rope, "magnitude", 1.0)
-            cos, sin = (rope.cos, rope.sin) if magnitude == 1.0 else (rope.cos * magnitude, rope.sin * magnitude)
-            c.rope_cos[i], c.rope_sin[i] = self._hold(cos), self._hold(sin)
-        c.output_norm = self._hold(model.output_norm.weight)
-        c.head = self._linear([model.output] if model.output is not None else [_TiedHead(model)], head_bias)
-        return c
-
-    def _decoder_config(self, model, c: abi.Config) -> tuple[list, torch.Tensor | None]:
-        """The configurable decoder's options (lamplight.models.decoder), where the native
-        forward computes them; NativeUnsupported names what it does not."""
-        opts = model.opts
-        activations = {opts.activation} | {b.ffn.activation for b in model.blocks if isinstance(b.ffn, MoEFeedForward)}
-        unknown = [a.__name__ for a in activations if a not in _ACTIVATIONS]
-        if unknown:
-            raise NativeUnsupported(f"the activation {', '.join(unknown)}")
-        if model.rope.neox != model.rope_sliding.neox or model.rope.n_rot != model.rope_sliding.n_rot:
-            raise NativeUnsupported("two rope layouts")
+        c.rms_eps, c.attn_scale = cfg.rms_eps, spec.attn_scale
         c.activation, c.embd_scale = _ACTIVATIONS[opts.activation], opts.embd_scale
         c.residual_scale, c.logit_scale = opts.residual_scale, opts.logit_scale
         c.final_softcap = float(opts.final_softcap or 0.0)
@@ -187,66 +181,48 @@ class NativeModel:
         if opts.query_temperature is not None:
             t = opts.query_temperature
             c.qtemp_scale, c.qtemp_length, c.qtemp_offset = t.scale, float(t.length), t.offset
-        return [model.rope, model.rope_sliding], model.output_bias
+        first = self.ropes[0]
+        c.n_rot, c.rope_neox, c.rope_max_pos = first.n_rot, int(first.neox), first.cos.shape[0]
+        for i, rope in enumerate(self.ropes):
+            # A scaling's magnitude (YaRN) scales the rotated values: folded into the tables.
+            c.rope_cos[i], c.rope_sin[i] = (self._hold(t) for t in rope.tables())
+        c.output_norm = self._hold(spec.output_norm)
+        head = spec.output.weights if spec.output is not None else (spec.token_embd,)  # tied: the embedding
+        c.head = self._linear(head, spec.output_bias)
+        return c
 
-    def _describe_layer(self, model: CausalLM, i: int) -> abi.Layer:
-        if isinstance(model, Decoder):
-            return self._decoder_layer(model, i)
-        blk = model.blocks[i]
+    def _describe_layer(self, spec: LayerSpec) -> abi.Layer:
+        attn, ffn = spec.attn, spec.ffn
         layer = abi.Layer()
-        layer.qkv = self._linear(list(blk.qkv.members))
-        layer.wo = self._linear([blk.wo])
-        layer.gate_up = self._linear(list(blk.gate_up.members))
-        layer.down = self._linear([blk.down])
-        layer.attn_norm = self._hold(blk.attn_norm.weight)
-        layer.ffn_norm = self._hold(blk.ffn_norm.weight)
-        if model.config.architecture == "gemma3":
-            layer.q_norm, layer.k_norm = self._hold(blk.q_norm.weight), self._hold(blk.k_norm.weight)
-            layer.post_attn_norm = self._hold(blk.post_attn_norm.weight)
-            layer.post_ffn_norm = self._hold(blk.post_ffn_norm.weight)
-            layer.rope = int(blk.is_global)
-            layer.window = 0 if blk.is_global else model.window
-        return layer
-
-    def _decoder_layer(self, model, i: int) -> abi.Layer:
-        blk = model.blocks[i]
-        attn, ffn = blk.attn, blk.ffn
-        layer = abi.Layer()
-        layer.qkv = self._linear(list(attn.qkv.members), attn.qkv_bias)
-        layer.wo = self._linear([attn.wo], attn.wo_bias)
-        if isinstance(ffn, MoEFeedForward):
-            layer.moe = self._experts(ffn)
+        layer.qkv = self._linear(attn.qkv.weights, attn.qkv.bias)
+        layer.wo = self._linear(attn.wo.weights, attn.wo.bias)
+        if isinstance(ffn, FeedForwardSpec):
+            layer.gate_up = self._linear(ffn.gate_up.weights, ffn.gate_up.bias)
+            layer.down = self._linear(ffn.down.weights, ffn.down.bias)
         else:
-            layer.gate_up = self._linear(list(ffn.gate_up.members))
-            layer.down = self._linear([ffn.down])
-        if attn.shaping is not None and attn.shaping.sinks is not None:
-            layer.sinks = self._hold(attn.shaping.sinks)
-        norm = lambda module: self._hold(module.weight) if module is not None else None  # noqa: E731
-        layer.attn_norm, layer.ffn_norm = norm(blk.attn_norm), norm(blk.ffn_norm)
-        layer.post_attn_norm, layer.post_ffn_norm = norm(blk.post_attn_norm), norm(blk.post_ffn_norm)
-        qk_norms = [n for n in (attn.q_norm, attn.k_norm) if n is not None]
-        layer.q_norm = norm(attn.q_norm.norm) if attn.q_norm is not None else None
-        layer.k_norm = norm(attn.k_norm.norm) if attn.k_norm is not None else None
-        layer.qk_norm_whole = int(any(not n.per_head for n in qk_norms))
-        layer.rope = int(attn.rope is not model.rope)
+            layer.moe = self._experts(ffn)
+        layer.sinks = self._hold(attn.sinks)
+        layer.attn_norm, layer.ffn_norm = self._hold(spec.attn_norm), self._hold(spec.ffn_norm)
+        layer.post_attn_norm, layer.post_ffn_norm = self._hold(spec.post_attn_norm), self._hold(spec.post_ffn_norm)
+        layer.q_norm, layer.k_norm = self._hold(attn.q_norm), self._hold(attn.k_norm)
+        head_dim = self.spec.config.head_dim_k
+        layer.qk_norm_whole = int(any(n is not None and n.numel() != head_dim for n in (attn.q_norm, attn.k_norm)))
+        layer.rope = attn.rope
         layer.window = attn.window or 0
         return layer
 
-    def _experts(self, ffn: MoEFeedForward):
+    def _experts(self, ffn: ExpertsSpec):
         """A mixture-of-experts layer: the router in float32, each expert packed on its own."""
-        n_expert = ffn.gate.n_expert
-        if n_expert > abi.MAX_EXPERTS or ffn.n_used > abi.MAX_EXPERTS_USED:
-            raise NativeUnsupported(f"{n_expert} experts, {ffn.n_used} used")
         ex = abi.Experts()
-        ex.n_expert, ex.n_used, ex.n_ff = n_expert, ffn.n_used, ffn.gate.out_features
+        ex.n_expert, ex.n_used, ex.n_ff = ffn.n_expert, ffn.n_used, ffn.gate.shape[1]
         ex.gating = abi.LP_GATING_SOFTMAX_SELECTED if ffn.gating == "softmax_selected" else abi.LP_GATING_SOFTMAX
         ex.normalize, ex.activation = int(ffn.normalize), _ACTIVATIONS[ffn.activation]
-        ex.router = self._hold(dequantize(ffn.router.info))
-        ex.router_bias = self._hold(ffn.router_bias) if ffn.router_bias is not None else None
-        gate_up, down = (abi.Linear * n_expert)(), (abi.Linear * n_expert)()
-        for e in range(n_expert):
-            gate_up[e] = self._linear([_Expert(ffn.gate, e), _Expert(ffn.up, e)], _joint_expert_bias(ffn, e))
-            down[e] = self._linear([_Expert(ffn.down, e)], _expert_bias(ffn.down, e))
+        ex.router = self._hold(dequantize(ffn.router))
+        ex.router_bias = self._hold(ffn.router_bias)
+        gate_up, down = (abi.Linear * ffn.n_expert)(), (abi.Linear * ffn.n_expert)()
+        for e in range(ffn.n_expert):
+            gate_up[e] = self._linear((_expert(ffn.gate, e), _expert(ffn.up, e)), _joint_expert_bias(ffn, e))
+            down[e] = self._linear((_expert(ffn.down, e),), _row(ffn.down_bias, e))
         self._keep += [gate_up, down, ex]
         ex.gate_up = ctypes.cast(gate_up, ctypes.POINTER(abi.Linear))
         ex.down = ctypes.cast(down, ctypes.POINTER(abi.Linear))
@@ -254,11 +230,15 @@ class NativeModel:
 
     # -- one step --------------------------------------------------------------------------------
 
-    def _kv(self, kv) -> abi.KV:
+    def _kv(self, kv: KVPool) -> abi.KV:
         """The pool's description for the C side, made once per pool (an engine keeps one)."""
         if self._kv_desc is None or self._kv_desc[0] is not kv:
             n = len(kv.k)
             desc = abi.KV()
+            layout = kv.layout
+            if kv.k[0].shape[::2] != (layout.n_kv_heads, layout.head_dim_k) or kv.v[0].shape[::2] != (
+                    layout.n_kv_heads, layout.head_dim_v) or layout != self.spec.config.kv_layout:
+                raise ValueError(f"native forward: a KV pool of layout {layout}, the model's is {self.spec.config.kv_layout}")
             desc.k_type, desc.v_type = KV_TYPES[kv.k[0].dtype], KV_TYPES[kv.v[0].dtype]
             desc.pool_tokens = kv.k[0].shape[1]
             desc.n_layers = n  # the C side checks the pool has the model's layers
@@ -270,9 +250,9 @@ class NativeModel:
         return self._kv_desc[1]
 
     def embeddings(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return dequantize_rows(self.model.token_embd_info, token_ids.numpy())
+        return dequantize_rows(self.spec.token_embd, token_ids.numpy())
 
-    def __call__(self, batch: ForwardBatch, kv) -> torch.Tensor:
+    def run_batch(self, batch: ForwardBatch, state: ModelState) -> torch.Tensor:
         if batch.embedding_overrides is not None:
             raise NativeUnsupported("embedding overrides have no native path")
         embd = self.embeddings(batch.token_ids)
@@ -283,23 +263,24 @@ class NativeModel:
         n_rows = embd.shape[0]
         # The C side reads int64 [n_rows] arrays and float32 embeddings [n_rows, n_embd]: what it
         # cannot see (dtypes, lengths) is checked here; the values in them it checks itself.
-        if (embd.dtype != torch.float32 or not embd.is_contiguous() or embd.shape[1] != self.model.config.n_embd
+        if (embd.dtype != torch.float32 or not embd.is_contiguous() or embd.shape[1] != self.config.n_embd
                 or any(t.dtype != torch.int64 or t.numel() != n_rows for t in (positions, write_slots))
                 or logit_rows.dtype != torch.int64 or len(key_offsets) != n_rows):
             raise ValueError("native forward: the batch's arrays are not int64 [rows] (embeddings float32 [rows, n_embd])")
-        logits = torch.empty(logit_rows.numel(), self.model.config.vocab_size)
-        scales = np.asarray(self.model.lora_scales.scales, dtype=np.float32) if self._has_loras else None
+        logits = torch.empty(logit_rows.numel(), self.config.vocab_size)
+        scales = np.asarray(self.lora_scales.scales, dtype=np.float32) if self._has_loras else None
         b = abi.Batch(n_rows=n_rows, n_logits=logit_rows.numel(), n_key_slots=key_slots.size,
                       n_lora_scales=0 if scales is None else scales.size, embeddings=_ptr(embd),
                       positions=_ptr(positions), write_slots=_ptr(write_slots), key_offsets=_ptr(key_offsets),
                       key_slots=_ptr(key_slots), logit_rows=_ptr(logit_rows), lora_scales=_ptr(scales))
-        pool = self._kv(kv)
+        pool = self._kv(state.kv)
         rc = self.lib.lp_forward(self.handle, ctypes.byref(b), ctypes.byref(pool), logits.data_ptr())
         if rc == abi.LP_ERR_UNSUPPORTED:
             raise NativeUnsupported(abi.last_error(self.lib)[1])
         if rc != abi.LP_OK:
             raise abi.error(self.lib, rc)  # ValueError naming the array, row and value out of range
         return logits
+
 
 
 def _pack_groups(infos: list) -> list[tuple[list, object]]:
@@ -315,31 +296,39 @@ def _pack_groups(infos: list) -> list[tuple[list, object]]:
         return [([i], pack.pack(i)) for i in infos]
 
 
-class _Expert:
+def _check_supported(spec: DecoderSpec) -> None:
+    """NativeUnsupported naming what the native forward does not compute."""
+    cfg, opts = spec.config, spec.options
+    if cfg.head_dim_k % 8 or cfg.head_dim_v % 8 or cfg.n_embd > abi.MAX_EMBD or cfg.head_dim_k > abi.MAX_HEAD_DIM:
+        raise NativeUnsupported(f"head sizes {cfg.head_dim_k}/{cfg.head_dim_v} or width {cfg.n_embd}")
+    activations = {opts.activation} | {layer.ffn.activation for layer in spec.layers}
+    unknown = sorted(a for a in activations if a not in _ACTIVATIONS)
+    if unknown:
+        raise NativeUnsupported(f"the activation {', '.join(unknown)}")
+    if len(spec.ropes) > 2 or len({(r.neox, r.n_rot) for r in spec.ropes}) > 1:
+        raise NativeUnsupported("two rope layouts")
+    for layer in spec.layers:
+        ffn = layer.ffn
+        if isinstance(ffn, ExpertsSpec) and (ffn.n_expert > abi.MAX_EXPERTS or ffn.n_used > abi.MAX_EXPERTS_USED):
+            raise NativeUnsupported(f"{ffn.n_expert} experts, {ffn.n_used} used")
+
+
+def _expert(bank: TensorInfo, e: int) -> TensorInfo:
     """Expert e's slice of a 3-D expert tensor, as a 2-D weight (its rows of raw blocks)."""
-
-    def __init__(self, bank, e: int):
-        out, k = bank.out_features, bank.in_features
-        self.info = TensorInfo(f"{bank.info.name}[{e}]", bank.info.qtype, (out, k), bank.info.data[e * out:(e + 1) * out])
+    _, out, k = bank.shape
+    return TensorInfo(f"{bank.name}[{e}]", bank.qtype, (out, k), bank.data[e * out:(e + 1) * out])
 
 
-def _expert_bias(bank, e: int):
-    return bank.bias[e] if bank.bias is not None else None
+def _row(bias: torch.Tensor | None, e: int) -> torch.Tensor | None:
+    return bias[e] if bias is not None else None
 
 
-def _joint_expert_bias(ffn: MoEFeedForward, e: int):
-    gate, up = _expert_bias(ffn.gate, e), _expert_bias(ffn.up, e)
+def _joint_expert_bias(ffn: ExpertsSpec, e: int) -> torch.Tensor | None:
+    gate, up = _row(ffn.gate_bias, e), _row(ffn.up_bias, e)
     if gate is None and up is None:
         return None
-    zeros = torch.zeros(ffn.gate.out_features)
+    zeros = torch.zeros(ffn.gate.shape[1])
     return torch.cat([gate if gate is not None else zeros, up if up is not None else zeros])
-
-
-class _TiedHead:
-    """The token embedding standing in as the output head (models with a tied head)."""
-
-    def __init__(self, model: CausalLM):
-        self.info = model.token_embd_info
 
 
 def key_table(batch: ForwardBatch) -> tuple[np.ndarray, np.ndarray]:

@@ -12,6 +12,7 @@ import uvicorn
 
 from lamplight.serve_flags import MAX_DEFAULT_CTX, default_of
 
+from .app import create_app
 from .connections import timed_protocol
 from .state import ServerState
 
@@ -33,7 +34,7 @@ class EngineOptions:
     compile: bool = default_of("engine.compile")  # compile decode steps (torch.compile) at start-up
     # fast: the native forward, else PyTorch's fast kernels; reference: float32
     weights: str = default_of("engine.weights")
-    # None: f16 on the native forward (llama-server's default), else f32
+    # None: the runner's default (f16 native, as llama-server; else f32)
     cache_type_k: str | None = default_of("engine.cache_type_k")
     cache_type_v: str | None = default_of("engine.cache_type_v")
 
@@ -42,39 +43,35 @@ class StartupError(RuntimeError):
     """The server cannot start as asked (e.g. a LoRA adapter that does not load): a plain message."""
 
 
-def load_adapters(paths_and_scales: Sequence[tuple[str, float]], architecture: str,
-                  init_without_apply: bool = False) -> list:
-    from lamplight.models.lora import load_lora
+def load_model(model: Any, options: EngineOptions, **load_options) -> Any:
+    """`lamplight.load` with the serve flags that decide the runner (--weights, --compile, the
+    LoRA adapters); `load_options`: its other arguments (chat template, progress...)."""
+    import lamplight
+    from lamplight.loader import AdapterError
 
-    adapters = []
-    for path, scale in paths_and_scales:
-        try:
-            adapter = load_lora(path, architecture)
-        except (OSError, ValueError) as exc:  # GGUFError is a ValueError
-            raise StartupError(f"failed to load LoRA adapter {path!r}: {exc}") from exc
-        adapter.scale = 0.0 if init_without_apply else float(scale)
-        adapters.append(adapter)
-    return adapters
+    backend = "reference" if options.weights == "reference" else "compiled" if options.compile else "fast"
+    try:
+        return lamplight.load(model, backend=backend, loras=options.loras,
+                              lora_init_without_apply=options.lora_init_without_apply, **load_options)
+    except AdapterError as exc:
+        raise StartupError(str(exc)) from exc
 
 
 def build_engine(loaded: Any, options: EngineOptions) -> Any:
+    """The engine over a model from `load_model` (its runner and adapters), started."""
     from lamplight.engine.config import EngineConfig
     from lamplight.engine.engine import Engine
-    from lamplight.gguf.file import GGUFError
 
-    n_ctx = options.n_ctx or min(loaded.model.config.n_ctx_train, MAX_DEFAULT_CTX)
+    runner = loaded.runner
+    n_ctx = options.n_ctx or min(runner.config.n_ctx_train, MAX_DEFAULT_CTX)
     config = EngineConfig(n_ctx=n_ctx, n_parallel=options.n_parallel, n_batch=options.n_batch,
                           n_ubatch=options.n_ubatch, queue_size=options.queue_size,
-                          context_shift=options.context_shift, compile=options.compile,
-                          cache_type_k=options.cache_type_k or default_cache_type(loaded.model),
-                          cache_type_v=options.cache_type_v or default_cache_type(loaded.model))
-    loras = load_adapters(options.loras, loaded.model.config.architecture, options.lora_init_without_apply)
-    if getattr(loaded.model, "native", None) is not None and not options.compile:
-        dedicate_threads_to_native()  # --compile moves the model to PyTorch's kernels, which need them
-    try:
-        engine = Engine(loaded.model, loaded.tokenizer, config, loras=loras)
-    except GGUFError as exc:  # an adapter for weights the model does not have, or of other shapes
-        raise StartupError(f"a LoRA adapter does not fit the model: {exc}") from exc
+                          context_shift=options.context_shift,
+                          cache_type_k=options.cache_type_k or runner.default_cache_type,
+                          cache_type_v=options.cache_type_v or runner.default_cache_type)
+    if runner.owns_threads:
+        dedicate_threads_to_native()
+    engine = Engine(runner, loaded.tokenizer, config, loras=loaded.adapters)
     engine.start()
     return engine
 
@@ -88,36 +85,7 @@ def dedicate_threads_to_native() -> None:
     torch.set_num_threads(1)
 
 
-def default_cache_type(model: Any) -> str:
-    """f16, llama-server's default, where attention reads it at full speed (the native forward
-    converts 8 values per instruction); f32 on PyTorch's CPU kernels, where converting the
-    gathered keys back cost 2.5x the gather."""
-    return "f16" if getattr(model, "native", None) is not None else "f32"
-
-
-def memory_budget(loaded: Any, engine: Any) -> dict[str, float]:
-    """Resident memory by purpose, in MiB: the weights the model computes with, the KV cache,
-    and (native forward) the step's working buffers so far."""
-    native = getattr(loaded.model, "native", None)
-    weights = native.weight_bytes() if native is not None else sum(
-        t.numel() * t.element_size() for t in loaded.model.state_dict().values())
-    cache = engine.cache
-    kv = sum(t.numel() * t.element_size() for t in (*cache.k, *cache.v))
-    budget = {"weights": weights, "kv_cache": kv}
-    if native is not None:
-        budget["scratch"] = native.scratch_bytes()
-    return {name: round(size / 2**20, 1) for name, size in budget.items()}
-
-
-def memory_line(loaded: Any, engine: Any) -> str:
-    budget = memory_budget(loaded, engine)
-    scratch = f", scratch {budget['scratch']:.0f} MiB so far" if "scratch" in budget else ""
-    return f"weights {budget['weights']:.0f} MiB, KV cache {budget['kv_cache']:.0f} MiB{scratch}"
-
-
 def uvicorn_server(state: ServerState) -> uvicorn.Server:
-    from .app import create_app  # here, not at the top: routes_misc imports this module
-
     settings = state.settings
     config = uvicorn.Config(create_app(state), host=settings.host, port=settings.port, log_level="info",
                             server_header=False, **connection_options(settings))

@@ -49,7 +49,7 @@ def token_text(tokenizer: Any, token_id: int | None) -> str:
 
 
 def model_meta(model: Any, n_ctx: int) -> dict:
-    gguf, config = model.gguf, model.model.config
+    gguf, config = model.gguf, model.spec.config
     return {
         "vocab_type": vocab_type(gguf.metadata),
         "n_vocab": model.tokenizer.vocab_size,

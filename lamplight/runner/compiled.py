@@ -1,4 +1,4 @@
-"""A compiled decode step: torch.compile (inductor) of the model's forward for decode-only steps.
+"""The "compiled" backend: the pytorch backend with decode-only steps through torch.compile (inductor).
 
 At one or a few sequences a decode step is mostly small ops (norms, RoPE, residual adds, the
 attention's reshapes) and the Python between them; inductor fuses them into a few generated C++
@@ -20,9 +20,10 @@ from typing import Sequence
 
 import torch
 
-from ..engine.kv_cache import BlockTable, KVCache
-from ..models.base import CausalLM
 from ..models.batch import DECODE_KEY_ALIGN, ForwardBatch, SequenceChunk, build_forward_batch, count_leading_decode
+from ..models.spec import DecoderSpec
+from ..state import ModelState
+from .torch_runner import TorchRunner
 
 # Decode steps run at start-up so that every graph is compiled before requests arrive:
 # (sequences, context length). A batch of one gets its own graph (PyTorch specializes sizes 0
@@ -34,27 +35,32 @@ WARM_UP_SHAPES = ((1, 3 * DECODE_KEY_ALIGN), (2, 3 * DECODE_KEY_ALIGN))
 ALL_ROWS = 1 << 30
 
 
-class CompiledDecode:
-    def __init__(self, model: CausalLM):
-        model.use_torch_kernels("--compile compiles the PyTorch path")
-        self.model = model
+class CompiledRunner(TorchRunner):
+    backend = "compiled"
+
+    def __init__(self, spec: DecoderSpec, device: str = "cpu"):
+        super().__init__(spec, fast=True, device=device)
+        self.backend = "compiled"
         # Without this a context length equal to some model size (64 = a head's width) would be
         # compiled as that constant, and every other length would compile again.
         torch.fx.experimental._config.use_duck_shape = False
-        self._compute = torch.compile(model.compute, dynamic=True)
-        # Adapter scales change per request; with adapters loaded every step runs eagerly.
-        self._has_lora = any(getattr(m, "loras", None) for m in model.modules())
+        self._compute = torch.compile(self.model.compute, dynamic=True)
 
-    def run(self, chunks: Sequence[SequenceChunk], kv: KVCache) -> torch.Tensor:
-        """Logits for a step's chunks, as `model(build_forward_batch(chunks), kv)` would return."""
+    @property
+    def _eager_only(self) -> bool:
+        # Adapter scales change per request; with adapters loaded every step runs eagerly.
+        return self.lora_scales is not None
+
+    def run(self, chunks: Sequence[SequenceChunk], state: ModelState) -> torch.Tensor:
+        """The decode rows through the compiled graph, the prompt chunks in a second, eager
+        forward: a decode token is computed the same way whatever shares its step."""
         n_decode = count_leading_decode(chunks)
-        if self._has_lora or n_decode == 0:
-            return self.model(build_forward_batch(chunks, device=kv.device), kv)
-        logits = self(build_forward_batch(chunks[:n_decode], device=kv.device), kv)
+        if self._eager_only or n_decode == 0:
+            return super().run(chunks, state)
+        logits = self.run_batch(build_forward_batch(chunks[:n_decode], device=state.device), state)
         if n_decode == len(chunks):
             return logits
-        rest = self.model(build_forward_batch(chunks[n_decode:], device=kv.device), kv)
-        return torch.cat((logits, rest))
+        return torch.cat((logits, super().run(chunks[n_decode:], state)))
 
     def handles(self, batch: ForwardBatch) -> bool:
         groups = batch.groups
@@ -63,28 +69,26 @@ class CompiledDecode:
             and groups[0].is_decode
             and groups[0].leading_rows
             and batch.embedding_overrides is None
-            and not self._has_lora
+            and not self._eager_only
         )
 
-    def __call__(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+    def run_batch(self, batch: ForwardBatch, state: ModelState) -> torch.Tensor:
         if not self.handles(batch):
-            return self.model(batch, kv)
-        if self.model.row_split is not None:
-            self.model.row_split.decode_rows = ALL_ROWS
-        return self._compute(batch, kv)
+            return super().run_batch(batch, state)
+        self.model.row_split.decode_rows = ALL_ROWS
+        return self._compute(batch, state)
+
+    def describe(self) -> str:
+        return "pytorch fast, compiled decode steps"
 
     @torch.no_grad()
-    def warm_up(self, kv: KVCache) -> None:
-        """Compile now, on scratch blocks of `kv` (released afterwards). Call it in the autograd
-        mode the steps will run in (the engine's: no grad, not inference mode): the graphs are
-        guarded on it, and a mismatch would compile again while serving."""
+    def warm_up(self, state: ModelState) -> None:
+        """Compile now, before any sequence holds state: the warm-up steps write scratch K/V at
+        the first indices. Call it in the autograd mode the steps will run in (the engine's: no
+        grad, not inference mode): the graphs are guarded on it, and a mismatch would compile
+        again while serving."""
+        size = state.kv.num_tokens
         for n_seqs, context in WARM_UP_SHAPES:
-            tables = [BlockTable(kv) for _ in range(n_seqs)]
-            try:
-                for table in tables:
-                    table.fill_to(context)
-                chunks = [SequenceChunk([0], context - 1, t.slots()) for t in tables]
-                self(build_forward_batch(chunks, device=kv.device), kv)
-            finally:
-                for table in tables:
-                    table.release()
+            chunks = [SequenceChunk([0], context - 1, [(s * context + p) % size for p in range(context)])
+                      for s in range(n_seqs)]
+            self.run_batch(build_forward_batch(chunks, device=state.device), state)

@@ -1,4 +1,4 @@
-"""Switch a loaded model from the float32 reference path to fast kernels.
+"""The "pytorch" backend's kernels: a Decoder's float32 reference kernels swapped for fast ones.
 
 On CPU, measured on an AVX2 machine: PyTorch's packed int4 matmul (bf16 activations) beats a
 float32 GEMV several times over for a few rows but costs the same per row at any row count,
@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from ..models.base import CausalLM
+from ..kernels.linear import BATCH_INVARIANT_ROWS, DenseKernel, Int4CpuKernel, Int8CpuKernel, RowSplit
+from ..kernels.unpack import INT4_TYPES, unpack_int4
+from ..models.decoder import Decoder
 from ..models.layers import LinearGroup, QuantLinear
-from .linear import BATCH_INVARIANT_ROWS, DenseKernel, Int4CpuKernel, Int8CpuKernel, RowSplit
-from .unpack import INT4_TYPES, unpack_int4
 
 
-def use_fast_path(model: CausalLM, device: str = "cpu") -> CausalLM:
+def use_fast_path(model: Decoder, device: str = "cpu") -> Decoder:
     cpu = torch.device(device).type == "cpu"
     split = RowSplit()
     model.row_split = split

@@ -1,0 +1,89 @@
+"""What an architecture does beyond its tensors: `DecoderOptions`, filled by each architecture's
+module from its GGUF keys, and the key readers those modules share.
+
+What a layer *has* is read from its tensors (lamplight.models.spec: biases, fused Q/K/V or
+gate/up, Q/K norms per head or over the projection, norms before or after each branch, sinks, a
+router); what the tensors cannot tell (rope layout, activation, scales, softcaps, which layers
+slide) is written here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..gguf.file import GGUFError, GGUFFile
+from .config import ModelConfig
+from .rope_scaling import RopeScaling, read_rope_scaling
+
+
+@dataclass(frozen=True)
+class MoEOptions:
+    n_used: int
+    gating: str = "softmax"  # or "softmax_selected" (see lamplight.models.moe)
+    normalize: bool = True
+    activation: str = "silu"  # a name of lamplight.models.activations.ACTIVATIONS
+
+
+@dataclass(frozen=True)
+class QueryTemperature:
+    """llama 4 / Mistral 3 attention temperature: q *= 1 + scale * ln(floor((pos + offset) / length) + 1)."""
+
+    scale: float
+    length: int
+    offset: float = 0.0
+
+    def factors(self, positions: torch.Tensor) -> torch.Tensor:
+        steps = torch.floor((positions.double() + self.offset) / self.length)
+        return (torch.log(steps + 1.0) * self.scale + 1.0).float()
+
+
+@dataclass(frozen=True)
+class DecoderOptions:
+    neox_rope: bool = True
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    scaled_rope_on_sliding: bool = True  # False: sliding layers rotate with the plain rope (OLMo 3, Gemma 3)
+    sliding_rope_base: float | None = None  # the sliding layers' own rope base (Gemma 3); None: the file's
+    activation: str = "silu"  # the dense FFN's gate/up combination (lamplight.models.activations)
+    embd_scale: float = 1.0
+    residual_scale: float = 1.0  # branch outputs times this before the residual add (granite)
+    logit_scale: float = 1.0  # logits divided by this (granite)
+    final_softcap: float | None = None
+    attn_softcap: float | None = None
+    attn_scale: float | None = None  # None: 1 / sqrt(head_dim)
+    sliding_layers: tuple[bool, ...] = ()  # per layer; empty: none
+    window: int = 0
+    ffn_norm_tensor: str = "ffn_norm.weight"  # gpt-oss calls its FFN input norm post_attention_norm
+    query_temperature: QueryTemperature | None = None
+    moe: MoEOptions | None = None
+
+
+def sliding_pattern(gguf: GGUFFile, n_layers: int, period: int | None = None, default_period: int | None = None,
+                    default_window: int = 0) -> tuple[bool, ...]:
+    """Which layers use the sliding window, as llama.cpp decides: a fixed `period` for the
+    architectures whose loader hard-codes one (gemma2, gemma3, gpt-oss), else the file's
+    attention.sliding_window_pattern (a bool per layer, or a period), else `default_period`.
+    A period n makes layer il sliding when il % n < n - 1. None without a window."""
+    if not gguf.arch_value("attention.sliding_window", default_window):
+        return ()
+    pattern = period if period is not None else gguf.arch_value("attention.sliding_window_pattern", default_period)
+    if pattern is None:
+        return ()
+    if isinstance(pattern, (int, float)) and not isinstance(pattern, bool):
+        n = int(pattern)
+        return tuple(il % n < n - 1 for il in range(n_layers))
+    values = [bool(x) for x in pattern]
+    if len(values) != n_layers:
+        raise GGUFError(f"{gguf.path}: attention.sliding_window_pattern has {len(values)} entries for {n_layers} layers")
+    return tuple(values)
+
+
+def read_rope(gguf: GGUFFile, config: ModelConfig, **kwargs) -> RopeScaling:
+    return read_rope_scaling(gguf, config.n_ctx_train, **kwargs)
+
+
+def scale_key(gguf: GGUFFile, key: str, default: float = 1.0) -> float:
+    """A float hyperparameter where 0 (llama.cpp's 'unset') means the default."""
+    value = float(gguf.arch_value(key, 0.0) or 0.0)
+    return value if value != 0.0 else default

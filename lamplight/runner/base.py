@@ -1,0 +1,83 @@
+"""The runner interface: the one thing that computes a model.
+
+A runner is built once from a model definition (lamplight.models.spec.DecoderSpec) for one
+backend (`lamplight.loader.build_runner` is the one place the backend is chosen), and is all an
+engine calls: `run(chunks, state)` computes one step (every chunk's tokens, K/V written into
+`state`) and returns the logits of the rows that need them. Whoever calls it owns the state
+(`new_state`) and says which state indices each chunk reads and writes.
+
+Backends: "reference" (PyTorch, dequantized float32: what the fidelity tests check), "pytorch"
+(PyTorch's packed 4-bit and bf16 kernels), "compiled" (pytorch with decode steps through
+torch.compile), "native" (the C++ forward of lamplight.native).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Sequence
+
+import torch
+
+from ..models.batch import ForwardBatch, SequenceChunk, build_forward_batch
+from ..models.config import ModelConfig
+from ..models.lora import LoraScales
+from ..models.spec import DecoderSpec
+from ..state import ModelState, StateSpec
+
+
+class ModelRunner(ABC):
+    backend: str = ""
+    # The KV cache type a server stores for this backend unless told (-ctk/-ctv).
+    default_cache_type: str = "f32"
+    # Whether the backend computes on threads of its own (PyTorch's then need only one).
+    owns_threads: bool = False
+
+    def __init__(self, spec: DecoderSpec):
+        self.spec = spec
+        self.lora_scales: LoraScales | None = None  # the adapters' scales for the next step
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.spec.config
+
+    @property
+    def state_spec(self) -> StateSpec:
+        return self.spec.config.state_spec
+
+    def new_state(self, num_tokens: int, k_dtype: torch.dtype = torch.float32, v_dtype: torch.dtype | None = None,
+                  device: torch.device | str = "cpu") -> ModelState:
+        """Storage for `num_tokens` token positions of state, shared by all sequences."""
+        return ModelState.allocate(self.state_spec, num_tokens, k_dtype, v_dtype, device)
+
+    def run(self, chunks: Sequence[SequenceChunk], state: ModelState) -> torch.Tensor:
+        """One step over `chunks` (in row order): logits [rows needing them, vocab]."""
+        return self.run_batch(build_forward_batch(chunks, device=state.device), state)
+
+    @abstractmethod
+    def run_batch(self, batch: ForwardBatch, state: ModelState) -> torch.Tensor:
+        """`run` for a batch already built (tests build mixed batches by hand)."""
+
+    @abstractmethod
+    def shift_kv(self, state: ModelState, src: torch.Tensor, dst: torch.Tensor, delta: int) -> None:
+        """Move cached K/V entries from indices `src` to `dst`, their positions moved by `delta`
+        (context shift: keys are re-rotated, nothing is recomputed)."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """What computes the model, for the start-up log and /props (e.g. 'pytorch reference')."""
+
+    @abstractmethod
+    def attach_loras(self, adapters: list) -> LoraScales:
+        """Apply these LoRA adapters (lamplight.models.lora) from now on; returns their per-step
+        scales (all 0 until set)."""
+
+    @abstractmethod
+    def weight_bytes(self) -> int:
+        """Bytes of the weights this backend reads."""
+
+    def scratch_bytes(self) -> int | None:
+        """Bytes of working buffers the steps have grown so far (None: not tracked)."""
+        return None
+
+    def warm_up(self, state: ModelState) -> None:
+        """Prepare before serving (compile graphs) on free indices of `state`."""

@@ -1,0 +1,52 @@
+"""The PyTorch backends: the decoder's modules on the reference kernels, or on the fast ones."""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.batch import ForwardBatch
+from ..models.decoder import Decoder
+from ..models.layers import shift_kv
+from ..models.lora import LoraScales, attach_loras, check_adapters
+from ..models.spec import DecoderSpec
+from ..state import ModelState
+from .base import ModelRunner
+from .fast_path import use_fast_path
+
+
+class TorchRunner(ModelRunner):
+    """`fast=False`: "reference", dequantized float32 (the fidelity tests' path). `fast=True`:
+    "pytorch", packed 4-bit and int8/bf16 kernels (lamplight.runner.fast_path); `why_not_native`
+    says why the native forward does not serve instead."""
+
+    def __init__(self, spec: DecoderSpec, fast: bool = False, device: str = "cpu", why_not_native: str | None = None):
+        super().__init__(spec)
+        self.backend = "pytorch" if fast else "reference"
+        self.why_not_native = why_not_native
+        self.model = Decoder(spec).eval().requires_grad_(False)
+        if fast:
+            use_fast_path(self.model, device)
+        if device != "cpu":
+            self.model.token_embd  # materialised here so that .to() moves it
+            self.model.to(device)
+
+    def run_batch(self, batch: ForwardBatch, state: ModelState) -> torch.Tensor:
+        if self.model.row_split is not None:
+            self.model.row_split.decode_rows = batch.leading_decode_tokens
+        return self.model.compute(batch, state)
+
+    def shift_kv(self, state: ModelState, src: torch.Tensor, dst: torch.Tensor, delta: int) -> None:
+        shift_kv(state.kv, self.model.layer_ropes(), src, dst, delta)
+
+    def attach_loras(self, adapters: list) -> LoraScales:
+        check_adapters(self.spec, adapters)
+        self.lora_scales = attach_loras(self.model, adapters)
+        return self.lora_scales
+
+    def describe(self) -> str:
+        if self.backend == "reference":
+            return "pytorch reference"
+        return f"pytorch fast ({self.why_not_native})" if self.why_not_native else "pytorch fast"
+
+    def weight_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.model.state_dict().values())

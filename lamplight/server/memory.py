@@ -1,0 +1,23 @@
+"""Resident memory by purpose (start-up log, /props `lamplight.memory_mib`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def memory_budget(loaded: Any, engine: Any) -> dict[str, float]:
+    """In MiB: the weights the runner computes with, the KV cache, and (where the backend
+    tracks them) the step's working buffers so far."""
+    runner = loaded.runner
+    kv = engine.state.kv
+    budget = {"weights": runner.weight_bytes(), "kv_cache": sum(t.numel() * t.element_size() for t in (*kv.k, *kv.v))}
+    scratch = runner.scratch_bytes()
+    if scratch is not None:
+        budget["scratch"] = scratch
+    return {name: round(size / 2**20, 1) for name, size in budget.items()}
+
+
+def memory_line(loaded: Any, engine: Any) -> str:
+    budget = memory_budget(loaded, engine)
+    scratch = f", scratch {budget['scratch']:.0f} MiB so far" if "scratch" in budget else ""
+    return f"weights {budget['weights']:.0f} MiB, KV cache {budget['kv_cache']:.0f} MiB{scratch}"
