@@ -360,3 +360,34 @@ def test_slow_and_lying_clients_time_out_without_delaying_others(strict_server):
         assert slow_head.result() == b""  # closed: its head never arrived
     short = _raw_request(strict_server.url, head % 10, body)  # says 10 bytes, sends more
     assert short.startswith(b"HTTP/1.1 400")
+
+
+# -- odd paths (issue 24): a path no file can have is an unknown path, never a 500 -------------
+
+# An encoded NUL, `..`, bytes that are no UTF-8, a name longer than the OS allows: each reached
+# the chat page's file lookup, which raised instead of finding no file.
+ODD_PATHS = ["/v1/models%00", "/%00/x", "/%00", "/index.html%00", "/%2e%2e/%2e%2e/etc/passwd", "/%ff",
+             "/" + "a" * 300, "/v1/" + "b/" * 3000]
+
+
+@pytest.fixture(scope="module")
+def keyed_server(loaded, engine):
+    server = serve(loaded, engine, api_keys=("secret",))
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("path", ODD_PATHS, ids=range(len(ODD_PATHS)))
+def test_odd_paths_are_unknown_paths(server, keyed_server, path):
+    with httpx.Client(timeout=30) as client:
+        assert_error(client.get(server.url + path), 404, "not_found_error")
+        assert client.head(server.url + path).status_code == 404
+        assert_error(client.get(keyed_server.url + path), 401, "authentication_error")
+        keyed = client.get(keyed_server.url + path, headers={"Authorization": "Bearer secret"})
+        assert_error(keyed, 404, "not_found_error")
+        assert client.get(server.url + "/v1/models").status_code == 200
+
+
+def test_a_nul_in_the_query_string_is_ignored(client):
+    assert client.get("/v1/models?x=%00%ff").json()["data"][0]["id"] == "tiny.gguf"
+    assert client.get("/health?x=%00").json() == {"status": "ok"}

@@ -54,12 +54,15 @@ def static_file_path(settings: ServerSettings, url_path: str) -> Path | None:
     if root is None:
         return None
     relative = url_path.lstrip("/") or "index.html"
-    candidate = (root / relative).resolve()
-    if candidate != root and root not in candidate.parents:
-        return None  # `..` or a symlink out of the folder
-    if candidate.is_dir():
-        candidate = candidate / "index.html"
-    return candidate if candidate.is_file() else None
+    try:
+        candidate = (root / relative).resolve()
+        if candidate != root and root not in candidate.parents:
+            return None  # `..` or a symlink out of the folder
+        if candidate.is_dir():
+            candidate = candidate / "index.html"
+        return candidate if candidate.is_file() else None
+    except (ValueError, OSError):  # a name the OS cannot look up (a NUL byte, too long, a symlink loop) names no file
+        return None
 
 
 def is_static_request(settings: ServerSettings, method: str, url_path: str) -> bool:
