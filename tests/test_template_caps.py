@@ -136,9 +136,10 @@ NULL_CONTENT_CALL = [
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_a_call_with_null_content_renders_wherever_one_with_empty_content_does(name):
-    """Qwen3's template tests `'</think>' in content` and failed on null: templates that cannot
-    take null content get "" (llama.cpp's requires_non_null_content), the others null as sent."""
+def test_a_call_with_null_content_renders_as_one_with_empty_content(name):
+    """llama-server holds a message's content as a string, so every template gets "" for null:
+    Qwen3's (`'</think>' in content`) no longer fails, GLM's no longer prints "None", the DeepSeek
+    R1 distills render what llama.cpp renders for ""."""
     from lamplight.server.chat_prompt import render_chat_prompt
     from lamplight.server.errors import ApiError
 
@@ -150,7 +151,40 @@ def test_a_call_with_null_content_renders_wherever_one_with_empty_content_does(n
     except ApiError:
         pytest.skip("the template refuses this conversation (as llama.cpp does: Mistral's, Gemma 2's alternation)")
     with_null = render_chat_prompt({"messages": NULL_CONTENT_CALL}, chat)
-    if chat.caps.requires_non_null_content:
-        assert with_null == with_empty
+    assert with_null == with_empty and "None" not in with_null
     if name == "Qwen-Qwen3-0.6B.jinja":
-        assert chat.caps.requires_non_null_content and "<function" not in with_null and "get_weather" in with_null
+        assert "<function" not in with_null and "get_weather" in with_null
+
+
+def _weather_call(call_id: str, city: str) -> dict:
+    return {"id": call_id, "type": "function",
+            "function": {"name": "get_weather", "arguments": f'{{"city": "{city}"}}'}}
+
+
+def test_r1_distill_renders_a_null_content_round_trip_as_llama_cpp():
+    """Issue 24: with `content: null`, llama.cpp's rendering has the empty assistant turn after
+    the calls (`<｜Assistant｜><｜end▁of▁sentence｜>`, the template's `content is not none` branch)."""
+    from lamplight.server.chat_prompt import render_chat_prompt
+
+    chat = ChatTemplate((TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text(encoding="utf-8"),
+                        bos_token="<|im_start|>")
+    body = {"messages": [
+        {"role": "user", "content": "Weather in Oslo and Rome?"},
+        {"role": "assistant", "content": None,
+         "tool_calls": [_weather_call("call_1", "Oslo"), _weather_call("call_2", "Rome")]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 3}'},
+        {"role": "tool", "tool_call_id": "call_2", "content": '{"temp": 18}'},
+        {"role": "user", "content": "Thanks. And tomorrow?"},
+    ]}
+    expected = ("<|im_start|><｜User｜>Weather in Oslo and Rome?"
+                "<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+                '```json\n{"city": "Oslo"}\n```<｜tool▁call▁end｜>'
+                "\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+                '```json\n{"city": "Rome"}\n```<｜tool▁call▁end｜>'
+                "<｜tool▁calls▁end｜><｜end▁of▁sentence｜>"
+                "<｜Assistant｜><｜end▁of▁sentence｜>"
+                '<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>{"temp": 3}<｜tool▁output▁end｜>'
+                '\n<｜tool▁output▁begin｜>{"temp": 18}<｜tool▁output▁end｜>'
+                "<｜User｜>Thanks. And tomorrow?<｜Assistant｜><think>\n")
+    assert render_chat_prompt(body, chat, for_generation=False) == expected  # /apply-template
+    assert render_chat_prompt(body, chat) == expected  # the prompt of a generation without tools

@@ -8,9 +8,6 @@ template capability checks do): a system role, tool-call arguments as objects, t
   text instead.
 - supports_tool_calls / supports_parallel_tool_calls: an assistant turn's call (one; two) shows
   by name in the output.
-- requires_non_null_content: an assistant turn with calls and `content: null` (what the openai
-  client sends back after a call) fails to render, with "" it renders (Qwen3 tests
-  `'</think>' in content`); null content then becomes "", as llama.cpp's template polyfills do.
 
 Templates that check the conversation's shape refuse some probes (Mistral's insist on user /
 assistant alternation outside tool turns and on 9-character call ids; DeepSeek R1 distills only
@@ -41,14 +38,12 @@ class TemplateCaps:
     supports_object_arguments: bool = True
     supports_tool_calls: bool = False
     supports_parallel_tool_calls: bool = False
-    requires_non_null_content: bool = False
 
 
 def probe_caps(render: Render) -> TemplateCaps:
     return TemplateCaps(_renders_system(render), _renders_object_arguments(render),
                         _renders_calls(render, ["probe_first_call"]),
-                        _renders_calls(render, ["probe_first_call", "probe_second_call"]),
-                        _requires_non_null_content(render))
+                        _renders_calls(render, ["probe_first_call", "probe_second_call"]))
 
 
 def _renders(render: Render, messages: list[dict], needle: str) -> bool:
@@ -88,11 +83,11 @@ def _minja_conversation(names: list[str], arguments: dict | str) -> list[dict]:
     return [{"role": "user", "content": "Hey"}, {"role": "assistant", "content": None, "tool_calls": _calls(names, arguments)}]
 
 
-def _results_conversation(names: list[str], arguments: dict | str, content: str | None = "") -> list[dict]:
+def _results_conversation(names: list[str], arguments: dict | str) -> list[dict]:
     """Each call's result, then a user turn."""
     calls = _calls(names, arguments)
     results = [{"role": "tool", "tool_call_id": call["id"], "content": "ok"} for call in calls]
-    return [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": content, "tool_calls": calls},
+    return [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "", "tool_calls": calls},
             *results, {"role": "user", "content": "Thanks"}]
 
 
@@ -113,19 +108,6 @@ def _shows(render: Render, names: list[str], arguments: dict | str, needles: lis
         if all(needle in text for needle in needles):
             return True
     return False
-
-
-def _requires_non_null_content(render: Render) -> bool:
-    def renders(content: str | None, arguments: dict | str) -> bool:
-        try:
-            render(_results_conversation(["probe"], arguments, content), False, None)
-        except (ChatTemplateError, RecursionError):
-            return False
-        return True
-
-    # Either form of arguments (the DeepSeek R1 distills fail on objects, not on null content).
-    forms = ({"argument": "x"}, _TEXT_ARGUMENTS)
-    return not any(renders(None, form) for form in forms) and any(renders("", form) for form in forms)
 
 
 def _renders_calls(render: Render, names: list[str]) -> bool:

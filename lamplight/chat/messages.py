@@ -4,7 +4,8 @@ Decisions (mirroring llama-server's `common_chat_msgs_parse_oaicompat` where it 
 - roles: system, user, assistant, tool and developer; `developer` is rewritten to `system`
   (llama.cpp's role workaround: templates do not know the newer OpenAI role).
 - non-assistant messages need `content` (a string or a list of parts); assistant messages need
-  `content` or `tool_calls`, and a null `content` is kept as None for the template.
+  `content` or `tool_calls`, and a null `content` is kept as None here (the capability probes
+  render it so); the template gets "" instead (adapt_to_caps), as llama-server renders it.
 - text parts are joined with "\n" exactly as llama.cpp concatenates typed text; image/audio/video
   parts raise MultimodalNotSupported.
 - only the keys llama.cpp forwards reach the template, in its order: role, content,
@@ -138,18 +139,26 @@ def _template_message(message: dict, role: str, content: str | None, tool_calls:
     return normalized
 
 
-def adapt_to_caps(messages: list[dict], caps: Any) -> list[dict]:
-    """What llama.cpp does for templates lacking a capability (lamplight.chat.caps): system
-    messages folded into the next user turn ("system text\nuser text"), tool-call arguments as
-    JSON text, null content as "" for templates that cannot take null."""
-    if caps.requires_non_null_content:
-        messages = [{**message, "content": ""} if message.get("content") is None else message
-                    for message in messages]
+def adapt_to_caps(messages: list[dict], caps: Any, *, keep_null_content: bool = False) -> list[dict]:
+    """What llama.cpp does before rendering: null content as "" for every template (unless
+    `keep_null_content`); for templates lacking a capability (lamplight.chat.caps), system
+    messages folded into the next user turn ("system text\nuser text") and tool-call arguments
+    as JSON text."""
+    if not keep_null_content:
+        messages = _empty_null_content(messages)
     if not caps.supports_system_role:
         messages = _fold_system_messages(messages)
     if not caps.supports_object_arguments:
         messages = [_with_text_arguments(message) for message in messages]
     return messages
+
+
+def _empty_null_content(messages: list[dict]) -> list[dict]:
+    # llama-server holds a message's content as a string, so `content: null` (what the openai
+    # client sends back with tool calls) reaches the template as "": common_chat_msg's
+    # to_json_oaicompat writes an empty content as "". Templates that test `content is none`
+    # (the DeepSeek R1 distills) or print it (GLM's would print "None") render as with "".
+    return [{**message, "content": ""} if message["content"] is None else message for message in messages]
 
 
 def _fold_system_messages(messages: list[dict]) -> list[dict]:

@@ -14,7 +14,8 @@ llama.cpp behaviours reproduced on top of plain Jinja:
 - a leading bos_token is cut from the output when the vocabulary adds BOS itself (`add_bos`),
   and a trailing eos_token when it adds EOS (`add_eos`), so the tokenizer does not double them;
 - `add_generation_prompt` is left undefined rather than false when there is no generation prompt;
-- message shapes some templates expect instead of OpenAI's (lamplight.chat.messages.adapt_to_template);
+- `content: null` rendered as "" (llama-server holds content as a string), and message shapes
+  some templates expect instead of OpenAI's (lamplight.chat.messages.adapt_to_caps, adapt_to_template);
 - assistant prefill: when the last message is an assistant one, llama-server renders the other
   messages, then the generation prompt, the reply's thinking section and its content, so the
   prompt ends inside the reply with no end-of-turn marker (lamplight.chat.prefill).
@@ -149,9 +150,10 @@ class ChatTemplate:
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True,
                tools: list[dict] | None = None, extra: dict | None = None,
-               prefill_assistant: bool = True) -> str:
-        """Render the prompt; a final assistant message is continued unless prefill_assistant is False."""
-        messages = adapt_to_caps(normalize_messages(messages), self.caps)
+               prefill_assistant: bool = True, keep_null_content: bool = False) -> str:
+        """Render the prompt; a final assistant message is continued unless prefill_assistant is
+        False. A null content renders as "" (as llama-server's) unless keep_null_content."""
+        messages = adapt_to_caps(normalize_messages(messages), self.caps, keep_null_content=keep_null_content)
         if prefill_assistant and messages[-1]["role"] == "assistant":
             return self._render_prefill(messages, tools, extra)
         return self._render(adapt_to_template(messages, self.source), add_generation_prompt, tools, extra)

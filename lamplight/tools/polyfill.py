@@ -56,8 +56,10 @@ def call_example(template: Any) -> str:
     no_thinking = {"enable_thinking": False}
     try:
         prefix = template.render([_EXAMPLE_USER], add_generation_prompt=True, extra=no_thinking)
+        # minja rendered its example call with null content (DeepSeek R1 distill Llama renders
+        # calls only then); a request's null content renders as "".
         full = template.render([_EXAMPLE_USER, _EXAMPLE_CALL], add_generation_prompt=False, extra=no_thinking,
-                               prefill_assistant=False)
+                               prefill_assistant=False, keep_null_content=True)
     except ChatTemplateError:
         return ""
     eos = getattr(template, "eos_token", "") or ""
