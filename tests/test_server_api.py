@@ -72,6 +72,8 @@ def oai(server):
 
 # lamplight's own additions to llama-server's shapes: /props' "lamplight" (kernels, memory).
 OUR_EXTENSIONS = {"lamplight"}
+# Jan's dialect: a non-streamed chat completion also carries these /completion fields.
+CHAT_COMPLETION_EXTENSIONS = {"generation_settings", "prompt", "truncated", "tokens_cached", "tokens_evaluated"}
 
 
 def assert_same_shape(ours, theirs, path="$"):
@@ -79,7 +81,8 @@ def assert_same_shape(ours, theirs, path="$"):
     documented extensions."""
     if isinstance(theirs, dict):
         assert isinstance(ours, dict), f"{path}: expected an object, got {ours!r}"
-        extra = (set(ours) - set(theirs)) & OUR_EXTENSIONS
+        allowed = OUR_EXTENSIONS | (CHAT_COMPLETION_EXTENSIONS if theirs.get("object") == "chat.completion" else set())
+        extra = (set(ours) - set(theirs)) & allowed
         assert set(ours) - extra == set(theirs), f"{path}: keys differ: {sorted((set(ours) - extra) ^ set(theirs))}"
         for key in theirs:
             assert_same_shape(ours[key], theirs[key], f"{path}.{key}")

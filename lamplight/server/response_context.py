@@ -42,6 +42,10 @@ class ResponseContext:
     def prompt_of(self, index: int) -> list[int]:
         return self.prompts[index // self.params.n_choices]
 
+    def prompt_text(self, index: int) -> str:
+        """The prompt of result `index` as llama-server echoes it (`prompt`): special tokens as text."""
+        return self.tokenizer.decode(self.prompt_of(index), special=True)
+
     def usage(self, finals: dict[int, FinalEvent]) -> dict:
         """OpenAI usage: each prompt counted once, every choice's completion tokens added up."""
         per_prompt = {index // self.params.n_choices: final for index, final in sorted(finals.items())}

@@ -22,7 +22,7 @@ def native_final(ctx: ResponseContext, index: int, final: FinalEvent, *, streame
         "tokens_predicted": final.n_decoded,
         "tokens_evaluated": final.n_prompt,
         "generation_settings": ctx.generation_settings,
-        "prompt": ctx.tokenizer.decode(ctx.prompt_of(index), special=True),
+        "prompt": ctx.prompt_text(index),
         "has_new_line": final.has_new_line,
         "truncated": final.truncated,
         "stop_type": final.stop_type,

@@ -9,6 +9,7 @@ from lamplight.tools import message_json
 
 from .probs import openai_logprobs
 from .response_context import ResponseContext
+from .responses_native import select_response_fields
 
 
 def _logprobs(ctx: ResponseContext, probs: list[TokenProbs | None]) -> dict | None:
@@ -111,7 +112,21 @@ def chat_response(ctx: ResponseContext, finals: dict[int, FinalEvent]) -> dict:
         "usage": ctx.usage(finals),
         "id": ctx.id,
         "timings": _first_timings(finals),
+        **_completion_fields(ctx, finals),
     }
+
+
+def _completion_fields(ctx: ResponseContext, finals: dict[int, FinalEvent]) -> dict:
+    """Jan's dialect: the fields of llama-server's /completion result that Jan documents on a chat
+    completion too (of the first choice); `response_fields` trims them by /completion's paths
+    ("generation_settings/n_predict" under that key), as it does there."""
+    index = min(finals)
+    final = finals[index]
+    fields = {"generation_settings": ctx.generation_settings, "prompt": ctx.prompt_text(index),
+              "truncated": final.truncated, "tokens_cached": final.tokens_cached, "tokens_evaluated": final.n_prompt}
+    if not ctx.params.response_fields:
+        return fields
+    return select_response_fields(fields, ctx.params.response_fields)
 
 
 def chat_chunk(ctx: ResponseContext, choices: list[dict]) -> dict:
