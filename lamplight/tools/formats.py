@@ -27,7 +27,7 @@ from typing import Any, Callable
 from lamplight.chat.text import marker_prefix_length
 
 from .base import GrammarSource, ParsedMessage, ToolFormat, ToolPlan
-from .grammar_text import call_schema, lark_json, marker_grammar, marker_lark, markers_lark, one_of
+from .grammar_text import call_schema, lark_json, marker_grammar, marker_lark, markers_lark, one_of, tool_schema
 from .json_scan import JsonMalformed, Node, minify, partial_string_value, scan_value, skip_ws
 from .spec import ToolCall, ToolSpec
 
@@ -151,7 +151,7 @@ class GenericFormat(ToolFormat):
         return {"anyOf": [call, response]}
 
     def grammar(self, plan: ToolPlan, tokenizer: Any) -> GrammarSource:
-        return GrammarSource("json_schema", self.schema(plan))
+        return GrammarSource("json_schema", tool_schema(self.schema(plan)))
 
     def parse(self, text: str, partial: bool = False) -> ParsedMessage:
         try:

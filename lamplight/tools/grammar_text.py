@@ -34,11 +34,20 @@ def one_of(schemas: list[dict]) -> dict:
     return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
 
 
+# Tool schemas come from an agent's tool definitions, not from the user: a keyword llguidance
+# cannot enforce (Claude Code's `propertyNames`, say) is ignored there, as llama.cpp ignores it,
+# and the call follows the rest of the schema. A request's own `json_schema` stays strict.
+TOOL_JSON_OPTIONS = {**LLAMA_CPP_JSON_OPTIONS, "lenient": True}
+
+
 def lark_json(schema: dict) -> str:
-    """An inline `%json` block with llama.cpp's JSON rules."""
-    prepared = llama_cpp_schema(schema)
-    prepared = {"x-guidance": dict(LLAMA_CPP_JSON_OPTIONS), **prepared}
-    return "%json " + json.dumps(prepared, ensure_ascii=False)
+    """An inline `%json` block with llama.cpp's JSON rules, for tool calls."""
+    return "%json " + json.dumps(tool_schema(schema), ensure_ascii=False)
+
+
+def tool_schema(schema: dict) -> dict:
+    """A tool-call schema as its grammar takes it: llama.cpp's rules, leniently (TOOL_JSON_OPTIONS)."""
+    return {"x-guidance": dict(TOOL_JSON_OPTIONS), **llama_cpp_schema(schema)}
 
 
 def lark_literal(text: str) -> str:
