@@ -179,3 +179,337 @@ def test_fuzz_every_endpoint_and_field(served):
         assert not any(slot["is_processing"] for slot in client.get("/slots").json())
         assert client.post("/completion", json={"prompt": "the", "n_predict": 3, "ignore_eos": True}).status_code == 200
     assert engine.stats["failed"] == 0 and not engine.active and not engine.waiting
+
+
+# -- the other APIs' fuzz runs (issue 24): one loop, each API its cases and its answer check ---------
+
+def fuzz_api(served, name: str, cases: list[tuple[str, str, bytes | None]], check, probe: tuple[str, dict, object]) -> None:
+    """Send (method, path, body) cases four at a time; every answer must pass `check(method, path,
+    response)`, about a fifth at least 200s and a fifth 4xx; then the server is healthy, idle and
+    answers `probe` (path, body, predicate of its JSON)."""
+    from test_server_support import wait_all_idle  # (this section is appended; the imports above are shared)
+
+    server, engine = served
+
+    def send(case) -> tuple[int, str]:
+        method, path, body = case
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            try:
+                response = client.request(method, path, content=body,
+                                          headers={"Content-Type": "application/json"} if body is not None else None)
+            except httpx.HTTPError as exc:  # dropped connection or hang
+                return -1, f"{type(exc).__name__}: {exc}"
+        return response.status_code, check(method, path, response)
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(send, cases))
+    problems = [(case[:2], case[2][:160] if case[2] else None, why) for case, (_, why) in zip(cases, results) if why]
+    statuses: dict[int, int] = {}
+    for status, _ in results:
+        statuses[status] = statuses.get(status, 0) + 1
+    print(f"\n{name} fuzz: {len(cases)} requests, statuses {dict(sorted(statuses.items()))}")
+    assert not problems, "\n".join(map(str, problems[:20]))
+    assert statuses.get(200, 0) > len(cases) // 5
+    assert sum(v for k, v in statuses.items() if 400 <= k < 500) > len(cases) // 5
+    path, body, healthy = probe
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        assert client.get("/health").json() == {"status": "ok"}
+        wait_all_idle(engine)
+        assert healthy(client.post(path, json=body).json())
+    assert engine.stats["failed"] == 0 and not engine.active and not engine.waiting
+
+
+# -- issue 24: OpenAI's Responses API and the token counts -----------------------------------------
+
+N_RESPONSES_REQUESTS = 150
+RESPONSES_PATHS = ["/v1/responses", "/v1/responses", "/v1/responses/input_tokens", "/v1/chat/completions/input_tokens"]
+RESPONSES_FIELDS = [
+    "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens", "temperature",
+    "top_p", "text", "reasoning", "stream", "metadata", "user", "truncation", "store", "background",
+    "previous_response_id", "conversation", "include", "model", "messages",
+]
+RESPONSES_ENDS = ("response.completed", "response.incomplete")
+
+
+def responses_values(rng: random.Random) -> list:
+    """nasty_values plus the shapes of Responses items, tools and settings, right and wrong."""
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"a": 1}'}
+    return nasty_values(rng) + [
+        [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+        [{"role": "developer", "content": "x"}, {"type": "message", "role": "assistant", "content": "y"}],
+        [call, {"type": "function_call_output", "call_id": "c1", "output": "z"}],
+        [{"type": "function_call_output", "call_id": "c2", "output": "z"}], [call], [{"type": "item_reference"}],
+        [{"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "t"}]}],
+        [{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AA=="}]}],
+        [{"role": "user", "content": [{"type": rng.choice(["input_file", "refusal", "output_text", "x"])}]}],
+        [{"type": "function", "name": "f", "parameters": {"type": "object"}}], [{"type": "web_search"}],
+        [{"type": "function"}], {"type": "function", "name": "f"}, "required", "none", "auto",
+        {"format": {"type": "json_schema", "name": "s", "schema": {"type": "string", "maxLength": 3}}},
+        {"format": {"type": "json_object"}}, {"format": {"type": "json_schema"}}, {"verbosity": "low"},
+        {"effort": rng.choice(["none", "low", "high", "max"])}, {"summary": "auto"}, "disabled",
+        ["reasoning.encrypted_content"],
+    ]
+
+
+def responses_case(rng: random.Random) -> tuple[str, bytes]:
+    path = rng.choice(RESPONSES_PATHS)
+    if rng.random() < 0.1:
+        return path, raw_body(rng)
+    if path.startswith("/v1/chat"):
+        body = base_body(path, rng)
+    else:
+        body = {"input": rng.choice(["hi", [{"role": "user", "content": "the cat"}]]),
+                "max_output_tokens": rng.choice([1, 2, 4])}
+        if rng.random() < 0.3:
+            body["stream"] = True
+    values = responses_values(rng)
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        target = body
+        if rng.random() < 0.15 and isinstance(body.get("input"), list):
+            target = body["input"][0]  # odd fields inside an item
+        target[rng.choice(RESPONSES_FIELDS + ["zz_unknown", "role", "content", "type"])] = rng.choice(values)
+    try:
+        text = json.dumps(body, allow_nan=False)
+    except ValueError:
+        text = json.dumps({k: v for k, v in body.items() if not isinstance(v, float)})
+    return path, text.encode("utf-8", "surrogatepass")
+
+
+def check_responses_answer(path: str, response: httpx.Response) -> str:
+    """'' if fine: check_answer's rules, a Responses stream ending in response.completed or
+    .incomplete with its events numbered 0, 1, ..., and 200 JSON of the endpoint's object."""
+    if response.status_code != 200 or not response.headers.get("content-type", "").startswith("text/event-stream"):
+        problem = check_answer("POST", path, response)
+        if problem or response.status_code != 200:
+            return problem
+        expected = "response" if path == "/v1/responses" else "response.input_tokens"
+        return "" if response.json().get("object") == expected else f"not a {expected}: {response.text[:200]}"
+    try:
+        events = sse_events(response.text)
+    except ValueError as exc:
+        return f"bad SSE payload: {exc}"
+    if not events or events[-1].get("type") not in RESPONSES_ENDS:
+        return f"a stream that does not end properly: {events[-2:]}"
+    if [e.get("sequence_number") for e in events] != list(range(len(events))):
+        return "sequence numbers that do not count up by one"
+    return ""
+
+
+def test_fuzz_responses_api(served):
+    rng = random.Random(SEED + 24)
+    cases = [("POST", *responses_case(rng)) for _ in range(N_RESPONSES_REQUESTS)]
+    fuzz_api(served, "responses", cases, lambda method, path, response: check_responses_answer(path, response),
+             ("/v1/responses", {"input": "the", "max_output_tokens": 2}, lambda body: body["object"] == "response"))
+
+
+# -- issue 24: Anthropic's Messages API -----------------------------------------------------------
+
+N_ANTHROPIC_REQUESTS = 150
+ANTHROPIC_PATHS = ["/v1/messages", "/v1/messages", "/v1/messages/count_tokens"]
+ANTHROPIC_FIELDS = [
+    "model", "max_tokens", "system", "messages", "stream", "stop_sequences", "temperature", "top_p", "top_k",
+    "tools", "tool_choice", "thinking", "metadata", "output_config", "output_format", "seed", "min_p",
+    "chat_template_kwargs", "service_tier",
+]
+ANTHROPIC_ERROR_TYPES = {"invalid_request_error", "authentication_error", "permission_error", "not_found_error",
+                         "timeout_error", "request_too_large", "rate_limit_error", "overloaded_error", "api_error"}
+ANTHROPIC_STOP_REASONS = {"end_turn", "max_tokens", "stop_sequence", "tool_use"}
+
+
+def anthropic_values(rng: random.Random) -> list:
+    """nasty_values plus Anthropic's blocks, turns, tools and settings, right and wrong."""
+    use = {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "ok"}],
+              "is_error": rng.random() < 0.5}
+    image = {"type": "image", "source": rng.choice([{"type": "base64", "media_type": "image/png", "data": "AA=="},
+                                                    {"type": "url", "url": "http://x/y.png"}, {"type": "file"}])}
+    blocks = [{"type": "text", "text": "hi"}, image, result, use, {"type": "thinking", "thinking": "hm", "signature": "s"},
+              {"type": "redacted_thinking", "data": "x"}, {"type": rng.choice(["video", "document", "text"])}, {}, 5]
+    return nasty_values(rng) + [
+        [{"role": "user", "content": [rng.choice(blocks) for _ in range(rng.choice([1, 2]))]}],
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}],
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [rng.choice(blocks)]}],
+        [{"role": rng.choice(["system", "tool", "assistant", None]), "content": "hi"}], rng.choice(blocks),
+        [{"type": "text", "text": "be brief"}], [{"name": "f", "input_schema": {"type": "object"}}],
+        [{"name": "f"}], [{"type": "bash_20250124", "name": "bash"}], {"type": rng.choice(["auto", "any", "none"])},
+        {"type": "tool", "name": rng.choice(["f", "g"]), "disable_parallel_tool_use": True}, {"type": "tool"},
+        {"type": "enabled", "budget_tokens": rng.choice([1, 2, 0, "x"])}, {"type": "disabled"}, {"type": "adaptive"},
+        {"format": {"type": "json_schema", "schema": {"type": "string", "maxLength": 3}}}, {"effort": "low"},
+        {"user_id": "u"}, ["\n"], {"enable_thinking": True},
+    ]
+
+
+def anthropic_case(rng: random.Random) -> tuple[str, bytes]:
+    path = rng.choice(ANTHROPIC_PATHS)
+    if rng.random() < 0.1:
+        return path, raw_body(rng)
+    body = {"model": "tiny", "max_tokens": rng.choice([1, 2, 4]),
+            "messages": [{"role": "user", "content": rng.choice(["hi", [{"type": "text", "text": "the cat"}]])}]}
+    if rng.random() < 0.3:
+        body["stream"] = True
+    values = anthropic_values(rng)
+    for _ in range(rng.choice([0, 1, 1, 2, 3])):
+        target = body
+        if rng.random() < 0.15 and isinstance(body.get("messages"), list) and isinstance(body["messages"][0], dict):
+            target = body["messages"][0]  # odd fields inside a message
+        target[rng.choice(ANTHROPIC_FIELDS + ["zz_unknown", "role", "content"])] = rng.choice(values)
+    try:
+        text = json.dumps(body, allow_nan=False)
+    except ValueError:
+        text = json.dumps({k: v for k, v in body.items() if not isinstance(v, float)})
+    return path, text.encode("utf-8", "surrogatepass")
+
+
+def anthropic_sse(text: str) -> list[tuple[str, dict]]:
+    """(event name, data) of each event of an Anthropic stream."""
+    pairs = []
+    for block in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.split("\n") if ": " in line)
+        pairs.append((lines.get("event", ""), json.loads(lines.get("data", "null"))))
+    return pairs
+
+
+def check_anthropic_answer(path: str, response: httpx.Response) -> str:
+    """'' if fine: a 4xx in Anthropic's error shape, or a message / token count / stream that is
+    whole (message_start ... message_stop, each event named by its data's type)."""
+    status = response.status_code
+    if status != 200:
+        if not 400 <= status < 500:
+            return f"status {status}: {response.text[:300]}"
+        try:
+            body = response.json()
+            shaped = body["type"] == "error" and isinstance(body["error"]["message"], str)
+            return "" if shaped and body["error"]["type"] in ANTHROPIC_ERROR_TYPES else f"bad error shape: {body}"
+        except (ValueError, KeyError, TypeError):
+            return f"{status} without Anthropic's error shape: {response.text[:200]}"
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        try:
+            events = anthropic_sse(response.text)
+        except ValueError as exc:
+            return f"bad SSE payload: {exc}"
+        names = [name for name, _ in events]
+        if not names or names[0] != "message_start" or names[-1] != "message_stop" or "error" in names:
+            return f"a stream that does not end properly: {names[:3]} ... {events[-2:]}"
+        if any(not isinstance(data, dict) or data.get("type") != name for name, data in events):
+            return "an event whose name is not its data's type"
+        return ""
+    body = response.json()
+    if path.endswith("/count_tokens"):
+        return "" if isinstance(body.get("input_tokens"), int) else f"not a token count: {body}"
+    if body.get("type") != "message" or body.get("stop_reason") not in ANTHROPIC_STOP_REASONS:
+        return f"not a whole message: {response.text[:200]}"
+    return ""
+
+
+def test_fuzz_anthropic_messages_api(served):
+    rng = random.Random(SEED + 2400)
+    cases = [("POST", *anthropic_case(rng)) for _ in range(N_ANTHROPIC_REQUESTS)]
+    ok = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "the"}]}
+    fuzz_api(served, "anthropic", cases, lambda method, path, response: check_anthropic_answer(path, response),
+             ("/v1/messages", ok, lambda body: body["type"] == "message"))
+
+
+# -- issue 24: Ollama's API -----------------------------------------------------------------------
+
+N_OLLAMA_REQUESTS = 150
+OLLAMA_POSTS = ["/api/chat", "/api/chat", "/api/generate", "/api/generate", "/api/show", "/api/pull"]
+OLLAMA_GETS = ["/api/tags", "/api/ps", "/api/version", "/", "/api/nowhere"]
+OLLAMA_FIELDS = [
+    "model", "messages", "prompt", "suffix", "system", "template", "raw", "images", "format", "options", "stream",
+    "think", "keep_alive", "context", "tools", "logprobs", "top_logprobs", "name", "insecure", "verbose",
+]
+OLLAMA_OPTIONS = ["num_predict", "num_ctx", "num_keep", "temperature", "top_k", "top_p", "min_p", "typical_p",
+                  "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "stop",
+                  "mirostat", "mirostat_tau", "tfs_z", "num_gpu", "ignore_eos", "dry_multiplier", "zz_unknown"]
+
+
+def ollama_values(rng: random.Random) -> list:
+    """nasty_values plus Ollama's messages, calls, images, formats and durations, right and wrong."""
+    call = {"function": {"name": rng.choice(["f", 5]), "arguments": rng.choice([{"a": 1}, "x", None])}}
+    return nasty_values(rng) + [
+        [{"role": "user", "content": "hi", "images": rng.choice([["iVBORw0KGgo="], "x", [5]])}],
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+         {"role": "tool", "content": "ok", "tool_name": rng.choice(["f", 5, None])}],
+        [{"role": rng.choice(["system", "wizard", None]), "content": "hi", "thinking": rng.choice(["t", 5])}],
+        "json", "xml", {"type": "object", "properties": {"a": {"enum": ["x"]}}}, {"type": "nonsense"},
+        "5m", "1h30m", "-1s", "10", "5 minutes", -1, "low", "high", "extreme",
+        {rng.choice(OLLAMA_OPTIONS): rng.choice([1, -2, 0.5, "x", [], None, 10**7])},
+        {"num_predict": rng.choice([1, 2]), rng.choice(OLLAMA_OPTIONS): rng.choice([1, 0.5, True])},
+        [1, 2, 3], [10**6], "hf.co/tester/Missing-GGUF:Q8_0", "tester/Missing-GGUF", "llama3.2",
+    ]
+
+
+def ollama_case(rng: random.Random) -> tuple[str, str, bytes | None]:
+    if rng.random() < 0.1:
+        return rng.choice(["GET", "HEAD"]), rng.choice(OLLAMA_GETS), None
+    path = rng.choice(OLLAMA_POSTS)
+    if rng.random() < 0.1:
+        return "POST", path, raw_body(rng)
+    body: dict = {"model": "tiny", "options": {"num_predict": rng.choice([1, 2, 4])}}
+    if path == "/api/chat":
+        body["messages"] = [{"role": "user", "content": rng.choice(["hi", "the cat", ""])}]
+    elif path == "/api/generate":
+        body["prompt"] = rng.choice(["the", "in the a", ""])
+    elif path == "/api/pull":
+        body["model"] = rng.choice(["tester/Missing-GGUF", "llama3.2", "hf.co/a/b:Q4_K_M"])
+    if rng.random() < 0.5:
+        body["stream"] = False
+    values = ollama_values(rng)
+    for _ in range(rng.choice([0, 1, 1, 2, 3])):
+        target = body
+        if rng.random() < 0.15 and isinstance(body.get("messages"), list):
+            target = body["messages"][0]  # odd fields inside a message
+        elif rng.random() < 0.15:
+            target = body["options"]  # odd options
+        target[rng.choice(OLLAMA_FIELDS + OLLAMA_OPTIONS + ["role", "content"])] = rng.choice(values)
+    try:
+        text = json.dumps(body, allow_nan=False)
+    except ValueError:
+        text = json.dumps({k: v for k, v in body.items() if not isinstance(v, float)})
+    return "POST", path, text.encode("utf-8", "surrogatepass")
+
+
+def check_ollama_answer(method: str, path: str, response: httpx.Response) -> str:
+    """'' if fine: a 4xx (501 for embeddings and the model store) as `{"error": message}`, or a 200:
+    JSON, plain text for `/`, or NDJSON lines each an object, the last `done: true` (a pull's:
+    status "success") or an error line."""
+    status = response.status_code
+    if status != 200:
+        if not 400 <= status < 500:
+            return f"status {status}: {response.text[:300]}"
+        if method == "HEAD":
+            return ""  # no body to shape
+        try:
+            body = response.json()
+        except ValueError:
+            return f"{status} without Ollama's error shape: {response.text[:200]}"
+        return "" if isinstance(body, dict) and list(body) == ["error"] and isinstance(body["error"], str) \
+            else f"bad error shape: {body}"
+    kind = response.headers.get("content-type", "")
+    if method == "HEAD" or path == "/":
+        return ""
+    try:
+        lines = [json.loads(line) for line in response.text.splitlines() if line.strip()]
+    except ValueError as exc:
+        return f"a line that is not JSON: {exc}: {response.text[:200]}"
+    if not lines or not all(isinstance(line, dict) for line in lines):
+        return f"not JSON objects: {response.text[:200]}"
+    if not kind.startswith("application/x-ndjson"):
+        return "" if len(lines) == 1 else f"several lines without the NDJSON type: {response.text[:200]}"
+    last = lines[-1]
+    ended = last.get("done") is True or last.get("status") == "success" or isinstance(last.get("error"), str)
+    if not ended or any("error" in line for line in lines[:-1]):
+        return f"a stream that does not end properly: {lines[-2:]}"
+    return ""
+
+
+def test_fuzz_ollama_api(served, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    # /api/pull never reaches the network here: offline, with an empty cache, it fails at once.
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    rng = random.Random(SEED + 2424)
+    cases = [ollama_case(rng) for _ in range(N_OLLAMA_REQUESTS)]
+    ok = {"messages": [{"role": "user", "content": "the"}], "options": {"num_predict": 2}, "stream": False}
+    fuzz_api(served, "ollama", cases, check_ollama_answer, ("/api/chat", ok, lambda body: body["done"] is True))

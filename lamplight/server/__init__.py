@@ -5,12 +5,13 @@ the model loads in the background. Module map:
 
 - app, middleware: the FastAPI application, CORS / API key / readiness rules, error shapes
 - routes_openai, routes_native, routes_misc: the endpoints
-- completion_flow: what every generating endpoint does (parse, submit, answer or stream)
-- params, fields, constraints, prompts, chat_prompt, infill: request bodies -> engine requests
+- completion_flow: what every generating endpoint does (parse, prepare, submit, answer or stream)
+- chat_bridge, api_anthropic*, api_responses*, api_ollama*: the other APIs, converted onto the chat pipeline
+- params, fields, constraints, prepare, prompts, chat_prompt, infill: request bodies -> engine requests
 - generation: engine handles of one request, merged events, cancellation
 - responses_native, responses_openai, probs, generation_settings: JSON result shapes
 - stream_formats, sse: streamed answers
-- settings (incl. RequestLimits), state, errors, json_codec, json_io, model_info, metrics, launcher: the rest
+- settings (incl. RequestLimits), state, errors, json_codec, json_io, model_info, memory, metrics, launcher: the rest
 - connections: idle and request-head timeouts for uvicorn's connections
 """
 

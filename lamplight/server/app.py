@@ -11,8 +11,9 @@ from starlette.responses import Response
 
 from lamplight import __version__
 
-from . import routes_misc, routes_native, routes_openai, webui
-from .errors import ApiError, invalid_request, not_found
+# llama-server's and OpenAI's routes, then the other APIs' (Responses, Anthropic Messages, Ollama).
+from . import api_anthropic, api_ollama, api_responses, routes_misc, routes_native, routes_openai, webui
+from .errors import ApiError, error_response, invalid_request, not_found
 from .generation import ClientDisconnected
 from .middleware import HttpPolicyMiddleware
 from .state import ServerState
@@ -21,7 +22,7 @@ from .state import ServerState
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="lamplight", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.lamplight = state
-    for module in (routes_openai, routes_native, routes_misc):
+    for module in (routes_openai, routes_native, routes_misc, api_responses, api_anthropic, api_ollama):
         app.include_router(module.router)
     app.include_router(webui.router)  # last: its catch-all GET serves only what no API route took
     app.add_exception_handler(ApiError, _api_error)
@@ -33,18 +34,18 @@ def create_app(state: ServerState) -> FastAPI:
 
 
 async def _api_error(request: Request, exc: ApiError) -> Response:
-    return exc.response()
+    return error_response(exc, request.url.path)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     # Unknown paths and wrong methods alike: llama-server's router has no route for them.
     if exc.status_code in (404, 405):
-        return not_found().response()
-    return ApiError(exc.status_code, str(exc.detail)).response()
+        return error_response(not_found(), request.url.path)
+    return error_response(ApiError(exc.status_code, str(exc.detail)), request.url.path)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
-    return invalid_request(str(exc)).response()
+    return error_response(invalid_request(str(exc)), request.url.path)
 
 
 async def _client_gone(request: Request, exc: ClientDisconnected) -> Response:

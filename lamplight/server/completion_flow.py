@@ -108,9 +108,11 @@ _JSON_BUILDERS: dict[Endpoint, Callable[[ResponseContext, dict[int, FinalEvent]]
 }
 
 
-async def answer_completion(request: Request, state: ServerState, body: dict, endpoint: Endpoint,
-                            build_prompts: PromptBuilder | None = None) -> Response:
-    """`build_prompts(state, body)` replaces the usual `prompt`/`messages` handling (/infill)."""
+async def start_completion(request: Request, state: ServerState, body: dict, endpoint: Endpoint,
+                           build_prompts: PromptBuilder | None = None) -> tuple[ResponseContext, GenerationRun]:
+    """Parse, prepare and submit a request: what its answer is built from, and its running
+    generation. `build_prompts(state, body)` replaces the usual `prompt`/`messages` handling
+    (/infill)."""
     state.require_ready()
     prepared = await run_in_threadpool(prepare_completion, state, body, endpoint, build_prompts)
     echo = _settings_echo(state, prepared.params)
@@ -118,12 +120,29 @@ async def answer_completion(request: Request, state: ServerState, body: dict, en
     ctx = ResponseContext(params=params, prompts=prepared.prompts, model=state.model_name,
                           fingerprint=state.settings.build_info, tokenizer=state.model.tokenizer,
                           generation_settings=echo)
-    run = GenerationRun.submit(state.engine, params, prepared.prompts, observer=state.metrics)
-    if params.stream:
-        ping = state.settings.sse_ping_interval
-        return await stream_response(request, run, _STREAM_FORMATS[endpoint](ctx), ping if ping > 0 else None)
+    return ctx, GenerationRun.submit(state.engine, params, prepared.prompts, observer=state.metrics)
+
+
+def stream_format(endpoint: Endpoint, ctx: ResponseContext) -> StreamFormat:
+    return _STREAM_FORMATS[endpoint](ctx)
+
+
+def json_result(endpoint: Endpoint, ctx: ResponseContext, finals: dict[int, FinalEvent]) -> Any:
+    return _JSON_BUILDERS[endpoint](ctx, finals)
+
+
+def ping_interval(state: ServerState) -> float | None:
+    ping = state.settings.sse_ping_interval
+    return ping if ping > 0 else None
+
+
+async def answer_completion(request: Request, state: ServerState, body: dict, endpoint: Endpoint,
+                            build_prompts: PromptBuilder | None = None) -> Response:
+    ctx, run = await start_completion(request, state, body, endpoint, build_prompts)
+    if ctx.params.stream:
+        return await stream_response(request, run, stream_format(endpoint, ctx), ping_interval(state))
     finals = await collect_unless_disconnected(request, run)
-    return json_response(_JSON_BUILDERS[endpoint](ctx, finals))
+    return json_response(json_result(endpoint, ctx, finals))
 
 
 def _settings_echo(state: ServerState, params: GenerationParams) -> dict:

@@ -1,8 +1,9 @@
-"""llama-server's error responses: `{"error": {"code", "message", "type", ...}}`."""
+"""llama-server's error responses: `{"error": {"code", "message", "type", ...}}`; and the other
+APIs' shapes for their own paths (register_error_shape: Anthropic's, Ollama's ...)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from starlette.responses import Response
 
@@ -38,6 +39,24 @@ class ApiError(Exception):
 
     def response(self) -> Response:
         return json_response(self.body(), status_code=self.code)
+
+
+ErrorShape = Callable[[ApiError], Response]
+_SHAPES: list[tuple[tuple[str, ...], ErrorShape]] = []
+
+
+def register_error_shape(paths: tuple[str, ...], shape: ErrorShape) -> None:
+    """Errors on these paths (and below them) are answered by `shape` instead of llama-server's
+    JSON: an API's own error shape, whichever layer refuses the request (API key, body limits,
+    the handler)."""
+    _SHAPES.append((paths, shape))
+
+
+def error_response(exc: ApiError, path: str) -> Response:
+    for paths, shape in _SHAPES:
+        if any(path == p or path.startswith(p + "/") for p in paths):
+            return shape(exc)
+    return exc.response()
 
 
 def invalid_request(message: str) -> ApiError:

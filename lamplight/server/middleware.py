@@ -14,7 +14,7 @@ import logging
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import ApiError, body_too_large, body_too_slow, invalid_api_key, model_loading
+from .errors import ApiError, body_too_large, body_too_slow, error_response, invalid_api_key, model_loading
 from .state import ServerState
 from .webui import is_static_request
 
@@ -47,7 +47,7 @@ class HttpPolicyMiddleware:
         try:
             rejection = self._reject(scope, request_headers)
             if rejection is not None:
-                await rejection.response()(scope, receive, send_with_headers)
+                await error_response(rejection, scope["path"])(scope, receive, send_with_headers)
             elif scope["method"] == "OPTIONS":
                 await self._preflight(scope, receive, send_with_headers, request_headers)
             else:
@@ -55,7 +55,8 @@ class HttpPolicyMiddleware:
         except Exception as exc:  # the last resort: a JSON 500 instead of a bare connection error
             log.exception("unhandled error on %s %s", scope["method"], scope["path"])
             if not started:
-                await ApiError(500, f"{type(exc).__name__}: {exc}").response()(scope, receive, send_with_headers)
+                error = exc if isinstance(exc, ApiError) else ApiError(500, f"{type(exc).__name__}: {exc}")
+                await error_response(error, scope["path"])(scope, receive, send_with_headers)
 
     def _reject(self, scope: Scope, headers: Headers) -> ApiError | None:
         if scope["method"] == "OPTIONS":

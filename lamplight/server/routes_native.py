@@ -37,10 +37,10 @@ async def infill(request: Request) -> Response:
     state.require_ready()
     fim_tokens(state.model.tokenizer)  # a model without FIM tokens: 400 before anything else
     parse_infill_input(body)
-    return await answer_completion(request, state, body, Endpoint.NATIVE, build_prompts=_infill_prompts)
+    return await answer_completion(request, state, body, Endpoint.NATIVE, build_prompts=infill_prompts)
 
 
-def _infill_prompts(state, body: dict) -> list[list[int]]:
+def infill_prompts(state, body: dict) -> list[list[int]]:
     tokenizer = state.model.tokenizer
     engine = state.engine
     config = getattr(engine, "config", None)
