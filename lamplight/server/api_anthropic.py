@@ -16,20 +16,15 @@ from contextlib import contextmanager
 from typing import AsyncIterator, Iterator
 
 from fastapi import APIRouter
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
-
-from lamplight.engine.types import ErrorEvent
 
 from .api_anthropic_reply import error_response, message_id, message_json
 from .api_anthropic_request import MessagesRequest, read_messages_request, with_anthropic_names
 from .api_anthropic_stream import MessageEvents
-from .chat_bridge import SILENT, ChatStreamRun, StreamedAnswer, chat_reply, stream_chat
-from .completion_flow import prepare_completion
+from .chat_bridge import SILENT, ChatStreamRun, StreamedAnswer, api_events, chat_reply, prompt_tokens, stream_chat
 from .errors import ApiError, register_error_shape
 from .json_io import dumps, json_response, read_json_object
-from .params import Endpoint
 from .routes_openai import server_state
 
 router = APIRouter()
@@ -57,9 +52,8 @@ async def count_tokens(request: Request) -> Response:
     state = server_state(request)
     with _anthropic_field_names():
         asked = read_messages_request(await read_json_object(request), counting=True)
-        state.require_ready()
-        prepared = await run_in_threadpool(prepare_completion, state, asked.chat_body, Endpoint.CHAT)
-    return json_response({"input_tokens": len(prepared.prompts[0])})
+        count = await prompt_tokens(state, asked.chat_body)
+    return json_response({"input_tokens": count})
 
 
 @contextmanager
@@ -77,20 +71,11 @@ async def _streamed(request: Request, asked: MessagesRequest, model: str) -> Str
 
 
 async def _event_stream(run: ChatStreamRun, events: MessageEvents) -> AsyncIterator[bytes]:
-    for event in events.start():
-        yield _sse(event)
-    async for item in run.items:
-        if item is SILENT:
-            yield PING_EVENT
-        elif isinstance(item, ErrorEvent):
-            for event in events.fail(item):
-                yield _sse(event)
-            return
-        else:
-            for event in events.on_chunk(item):
-                yield _sse(event)
-    for event in events.finish(run.finals.get(0)):
-        yield _sse(event)
+    async def finish() -> list:
+        return events.finish(run.finals.get(0))
+
+    async for event in api_events(run, events, finish):
+        yield PING_EVENT if event is SILENT else _sse(event)
 
 
 def _sse(event: dict) -> bytes:

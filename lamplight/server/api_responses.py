@@ -22,16 +22,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from lamplight.engine.types import ErrorEvent
-
 from .api_responses_output import ResponseShell
 from .api_responses_request import read_responses_request
 from .api_responses_stream import ResponseEvents
-from .chat_bridge import SILENT, ChatStreamRun, StreamedAnswer, chat_result, stream_chat
-from .completion_flow import prepare_completion
+from .chat_bridge import SILENT, ChatStreamRun, StreamedAnswer, api_events, chat_result, prompt_tokens, stream_chat
 from .errors import ApiError, register_error_shape
 from .json_io import dumps, json_response, read_json_object
-from .params import Endpoint
 from .routes_openai import server_state
 from .sse import PING
 from .state import ServerState
@@ -76,9 +72,7 @@ async def stored_response(request: Request, response_id: str) -> Response:
 async def _input_tokens(state: ServerState, chat_body: dict) -> Response:
     """The prompt's tokens, prepared exactly as the chat reply's would be (so they equal its
     usage.prompt_tokens): template, tools, thinking settings."""
-    state.require_ready()
-    prepared = await run_in_threadpool(prepare_completion, state, chat_body, Endpoint.CHAT)
-    return json_response({"object": "response.input_tokens", "input_tokens": len(prepared.prompts[0])})
+    return json_response({"object": "response.input_tokens", "input_tokens": await prompt_tokens(state, chat_body)})
 
 
 async def _count_tokens(state: ServerState, text: str | None) -> int:
@@ -89,20 +83,11 @@ async def _count_tokens(state: ServerState, text: str | None) -> int:
 
 
 async def _event_stream(run: ChatStreamRun, events: ResponseEvents, state: ServerState) -> AsyncIterator[bytes]:
-    for event in events.start():
-        yield _sse(event)
-    async for item in run.items:
-        if item is SILENT:
-            yield PING
-        elif isinstance(item, ErrorEvent):
-            for event in events.fail(item):
-                yield _sse(event)
-            return
-        else:
-            for event in events.on_chunk(item):
-                yield _sse(event)
-    for event in events.finish(await _count_tokens(state, events.reasoning)):
-        yield _sse(event)
+    async def finish() -> list:
+        return events.finish(await _count_tokens(state, events.reasoning))
+
+    async for event in api_events(run, events, finish):
+        yield PING if event is SILENT else _sse(event)
 
 
 def _sse(event: dict) -> bytes:

@@ -10,13 +10,14 @@ API's module turns those into its own.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
-from lamplight.engine.types import FinalEvent
+from lamplight.engine.types import ErrorEvent, FinalEvent
 
-from .completion_flow import json_result, ping_interval, start_completion, stream_format
+from .completion_flow import json_result, ping_interval, prepare_completion, start_completion, stream_format
 from .generation import GenerationRun, collect_unless_disconnected
 from .params import Endpoint
 from .response_context import ResponseContext
@@ -24,7 +25,8 @@ from .sse import SILENT, StreamedAnswer, first_event, stream_items
 from .state import ServerState
 from .stream_formats import DONE
 
-__all__ = ["SILENT", "ChatReply", "ChatStreamRun", "StreamedAnswer", "chat_reply", "chat_result", "stream_chat"]
+__all__ = ["SILENT", "ChatReply", "ChatStreamRun", "StreamedAnswer", "api_events", "chat_reply", "chat_result",
+           "prompt_tokens", "stream_chat"]
 
 
 async def chat_result(request: Request, state: ServerState, chat_body: dict) -> dict:
@@ -77,3 +79,31 @@ async def _without_done(items: AsyncIterator[Any]) -> AsyncIterator[Any]:
     async for item in items:
         if item != DONE:
             yield item
+
+
+async def api_events(run: ChatStreamRun, events: Any, finish: Callable[[], Awaitable[list]]) -> AsyncIterator[Any]:
+    """An API's stream events over a chat stream: `events.start()`, then `events.on_chunk(chunk)`
+    per chunk and SILENT as it comes (the API's keep-alive), `events.fail(error)` as the end if the
+    generation failed, else what `await finish()` gives last."""
+    for event in events.start():
+        yield event
+    async for item in run.items:
+        if item is SILENT:
+            yield SILENT
+        elif isinstance(item, ErrorEvent):
+            for event in events.fail(item):
+                yield event
+            return
+        else:
+            for event in events.on_chunk(item):
+                yield event
+    for event in await finish():
+        yield event
+
+
+async def prompt_tokens(state: ServerState, chat_body: dict) -> int:
+    """How many tokens `chat_body`'s prompt has, prepared exactly as its reply's would be
+    (template, tools, thinking settings): its usage.prompt_tokens."""
+    state.require_ready()
+    prepared = await run_in_threadpool(prepare_completion, state, chat_body, Endpoint.CHAT)
+    return len(prepared.prompts[0])
