@@ -191,6 +191,17 @@ class Decoder(nn.Module):
 
     def compute(self, batch: ForwardBatch, state: ModelState) -> torch.Tensor:
         opts = self.opts
+        logits = self.head(self.output_norm(self.run_layers(batch, state)[batch.logit_rows]))
+        if opts.logit_scale != 1.0:
+            logits = logits / opts.logit_scale
+        if opts.final_softcap:
+            logits = torch.tanh(logits / opts.final_softcap) * opts.final_softcap
+        return logits
+
+    def run_layers(self, batch: ForwardBatch, state: ModelState) -> torch.Tensor:
+        """Every row's hidden state after the last layer, before the output norm (what the
+        head reads, and what embedding models pool)."""
+        opts = self.opts
         h = self.embed(batch)
         if opts.embd_scale != 1.0:
             h = h * opts.embd_scale
@@ -199,11 +210,6 @@ class Decoder(nn.Module):
                     temperature.factors(batch.positions) if temperature else None)
         for i, blk in enumerate(self.blocks):
             h = blk(h, i, step)
-        logits = self.head(self.output_norm(h[batch.logit_rows]))
-        if opts.logit_scale != 1.0:
-            logits = logits / opts.logit_scale
-        if opts.final_softcap:
-            logits = torch.tanh(logits / opts.final_softcap) * opts.final_softcap
-        return logits
+        return h
 
     forward = compute
