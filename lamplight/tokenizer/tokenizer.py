@@ -13,6 +13,8 @@ from .decode import IncrementalDecoder, detokenize, token_piece
 from .hf_model import build_hf_tokenizer
 from .special import SpecialSplitter
 from .vocab import Attr, Vocab, VocabType, load_vocab
+from .wordpiece import WordPiece
+from .wordpiece import token_piece as wordpiece_piece
 
 _CONTROL = int(Attr.CONTROL)
 _CONTROL_OR_UNKNOWN = int(Attr.CONTROL | Attr.UNKNOWN)
@@ -33,6 +35,8 @@ class Tokenizer:
     eog_ids: frozenset[int]
     add_bos: bool
     add_eos: bool
+    sep_id: int | None  # the separator of text pairs ([SEP] in WordPiece vocabularies)
+    add_sep: bool
     fim_prefix_id: int | None
     fim_suffix_id: int | None
     fim_middle_id: int | None
@@ -41,7 +45,10 @@ class Tokenizer:
 
     def __init__(self, vocab: Vocab):
         self._vocab = vocab
-        self._hf = build_hf_tokenizer(vocab)
+        # WordPiece (bert) is lamplight's own; SPM and BPE merge in `tokenizers`.
+        self._wordpiece = WordPiece(vocab) if vocab.type is VocabType.WPM else None
+        self._hf = build_hf_tokenizer(vocab) if self._wordpiece is None else None
+        self._token_piece = wordpiece_piece if self._wordpiece is not None else token_piece
         self._splitter = SpecialSplitter(vocab)
         self._attrs: list[int] = vocab.attrs.tolist()
         self._pieces: list[bytes | None] = [None] * len(vocab.tokens)
@@ -51,6 +58,8 @@ class Tokenizer:
         self.eog_ids = vocab.eog_ids
         self.add_bos = vocab.add_bos
         self.add_eos = vocab.add_eos
+        self.sep_id = vocab.ids["sep"]
+        self.add_sep = vocab.add_sep
         self.fim_prefix_id = vocab.ids["fim_pre"]
         self.fim_suffix_id = vocab.ids["fim_suf"]
         self.fim_middle_id = vocab.ids["fim_mid"]
@@ -76,6 +85,8 @@ class Tokenizer:
         vocab = self._vocab
         if _SURROGATE.search(text):
             text = _SURROGATE.sub("\ufffd", text)
+        if self._wordpiece is not None:
+            return self._wordpiece.encode(self._splitter.split(text, parse_special), add_special)
         ids: list[int] = []
         if add_special and vocab.add_bos:
             ids.append(self.bos_id)  # type: ignore[arg-type]  # load_vocab checked it is set
@@ -102,7 +113,7 @@ class Tokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         piece = self._pieces[self._checked(token_id)]
         if piece is None:
-            piece = token_piece(self._vocab, token_id, self._attrs[token_id])
+            piece = self._token_piece(self._vocab, token_id, self._attrs[token_id])
             self._pieces[token_id] = piece
         return piece
 

@@ -13,6 +13,7 @@ import numpy as np
 class VocabType(Enum):
     SPM = "llama"  # SentencePiece-style BPE over scores, byte fallback
     BPE = "gpt2"  # byte-level BPE over merges
+    WPM = "bert"  # WordPiece (lamplight.tokenizer.wordpiece)
 
 
 class Attr(IntFlag):
@@ -51,6 +52,7 @@ class PreSettings(NamedTuple):
 
 
 _SPM_SETTINGS = PreSettings("", clean_spaces=False, ignore_merges=False, add_bos=True)
+_WPM_SETTINGS = PreSettings("", clean_spaces=True, ignore_merges=False, add_bos=True)
 _PRE_TYPES: dict[str, PreSettings] = {
     "default": PreSettings("default", True, False, False),
     "llama3": PreSettings("llama3", True, True, True),
@@ -107,6 +109,7 @@ _SPECIAL_ID_KEYS = (
 _DEFAULT_IDS = {
     VocabType.SPM: {"bos": 1, "eos": 2, "unk": 0},
     VocabType.BPE: {"bos": 11, "eos": 11},
+    VocabType.WPM: {"bos": 101, "unk": 100, "sep": 102, "pad": 0, "mask": 103},
 }
 
 
@@ -123,6 +126,9 @@ class Vocab:
     add_eos: bool
     add_space_prefix: bool
     eog_ids: frozenset[int] = frozenset()
+    add_sep: bool = False  # a separator between the two texts of a pair (rerank), WordPiece's default
+    lowercase: bool = True  # WordPiece normalisation (tokenizer.ggml.normalizer.*)
+    strip_accents: bool = True
 
     def __post_init__(self) -> None:
         self.token_to_id = dict(zip(self.tokens, range(len(self.tokens))))
@@ -140,6 +146,7 @@ def load_vocab(metadata: dict[str, Any]) -> Vocab:
     tokens = _token_texts(metadata)
     pre = _pre_settings(metadata, vocab_type)
     scores = metadata.get("tokenizer.ggml.scores")
+    lowercase = bool(metadata.get("tokenizer.ggml.normalizer.lowercase", True))
     vocab = Vocab(
         type=vocab_type,
         pre=pre,
@@ -153,6 +160,9 @@ def load_vocab(metadata: dict[str, Any]) -> Vocab:
         add_space_prefix=bool(
             metadata.get("tokenizer.ggml.add_space_prefix", vocab_type is VocabType.SPM)
         ),
+        add_sep=bool(metadata.get("tokenizer.ggml.add_sep_token", vocab_type is VocabType.WPM)),
+        lowercase=lowercase,
+        strip_accents=bool(metadata.get("tokenizer.ggml.normalizer.strip_accents", lowercase)),
     )
     _detect_by_name(vocab)
     vocab.eog_ids = _eog_ids(vocab)
@@ -172,6 +182,8 @@ def _vocab_type(metadata: dict[str, Any]) -> VocabType:
 def _pre_settings(metadata: dict[str, Any], vocab_type: VocabType) -> PreSettings:
     if vocab_type is VocabType.SPM:
         return _SPM_SETTINGS
+    if vocab_type is VocabType.WPM:
+        return _WPM_SETTINGS
     name = metadata.get("tokenizer.ggml.pre") or "default"
     if name not in _PRE_TYPES:
         known = ", ".join(sorted(_PRE_TYPES))
