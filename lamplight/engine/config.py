@@ -8,6 +8,8 @@ import torch
 
 from lamplight.serve_flags import MAX_DEFAULT_CTX, default_of
 
+from .checkpoints import DEFAULT_INTERVAL, DEFAULT_PER_SLOT
+
 # `-ctk/-ctv` values (llama-server's names) this engine stores the KV cache in.
 CACHE_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -30,6 +32,10 @@ class EngineConfig:
     # native half-precision math, converting the gathered keys back costs more than the memory.
     cache_type_k: str = "f32"
     cache_type_v: str = "f32"
+    # Models with recurrent layers (lamplight.engine.checkpoints): snapshots of each slot's state
+    # kept for follow-up turns (--ctx-checkpoints), every `checkpoint_interval` tokens.
+    ctx_checkpoints: int = DEFAULT_PER_SLOT
+    checkpoint_interval: int = DEFAULT_INTERVAL
 
     @property
     def cache_dtypes(self) -> tuple[torch.dtype, torch.dtype]:
@@ -49,5 +55,9 @@ class EngineConfig:
         for flag, value in (("--cache-type-k", self.cache_type_k), ("--cache-type-v", self.cache_type_v)):
             if value not in CACHE_TYPES:
                 raise ValueError(f"{flag} {value!r} is not supported: use one of {', '.join(CACHE_TYPES)}")
+        if self.ctx_checkpoints < 0:
+            raise ValueError(f"--ctx-checkpoints must be >= 0 (0: no checkpoints), not {self.ctx_checkpoints}")
+        if self.checkpoint_interval < 1:
+            raise ValueError(f"--ctx-checkpoint-interval must be >= 1, not {self.checkpoint_interval}")
         if self.queue_size < 0:
             raise ValueError("--queue-size must be >= 0")

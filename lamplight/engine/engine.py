@@ -31,6 +31,7 @@ from ..models.lora import LoraAdapter
 from ..runner.base import ModelRunner
 from ..sampling import SequenceSampler, sample_batch
 from . import slot_actions, views
+from .checkpoints import Checkpoint, CheckpointStore
 from .config import EngineConfig
 from .handle import RequestHandle
 from ..state import StateSpec
@@ -70,9 +71,14 @@ class Engine:
         blocks_per_slot = -(-self.n_ctx_slot // cfg.block_size)
         # One spare block per slot for copy-on-write of a shared partial block (n > 1 choices).
         num_tokens = (blocks_per_slot * cfg.n_parallel + cfg.n_parallel) * cfg.block_size
-        check_kv_fits(runner.state_spec, num_tokens, cfg)
+        spec = runner.state_spec
+        check_recurrent_options(spec, cfg)
+        check_kv_fits(spec, num_tokens, cfg)
         k_dtype, v_dtype = cfg.cache_dtypes
-        self.state = runner.new_state(num_tokens, k_dtype, v_dtype, cfg.device)
+        # One recurrent state slot per engine slot (models with recurrent layers): slot i's is i.
+        self.state = runner.new_state(num_tokens, k_dtype, v_dtype, cfg.device, n_sequences=cfg.n_parallel)
+        self.checkpoints = (CheckpointStore(cfg.n_parallel, cfg.ctx_checkpoints, cfg.checkpoint_interval)
+                            if spec.recurrent else None)
         self.cache = KVCache(self.state.kv, cfg.block_size)
         runner.warm_up(self.state)
         self.slots = [Slot(i, self.cache) for i in range(cfg.n_parallel)]
@@ -215,12 +221,14 @@ class Engine:
 
     def save_slot(self, slot_id: int, path: str) -> dict:
         return self.call_on_engine(
-            lambda: slot_actions.save_to_file(slot_actions.idle_slot(self.slots, slot_id), self.cache, path, self.fingerprint))
+            lambda: slot_actions.save_to_file(slot_actions.idle_slot(self.slots, slot_id), self.cache, path, self.fingerprint,
+                                              self.state))
 
     def restore_slot(self, slot_id: int, path: str) -> dict:
         data = load_slot(path, self.fingerprint, self.n_ctx_slot)
         return self.call_on_engine(
-            lambda: slot_actions.restore_from(slot_actions.idle_slot(self.slots, slot_id), self.cache, data))
+            lambda: slot_actions.restore_from(slot_actions.idle_slot(self.slots, slot_id), self.cache, data, self.state,
+                                              self.checkpoints))
 
     def erase_slot(self, slot_id: int) -> dict:
         return self.call_on_engine(lambda: slot_actions.erase(slot_actions.idle_slot(self.slots, slot_id)))
@@ -292,9 +300,34 @@ class Engine:
         same_lora = slot.cached_lora == seq.handle.lora_key
         keep = common_prefix(slot.cached_tokens, request.prompt_tokens) if request.cache_prompt and same_lora else 0
         keep = min(keep, seq.n_prompt - 1)  # always evaluate at least one prompt token for its logits
+        if self.checkpoints is not None:
+            keep = self._resume_recurrent(slot, keep)
         slot.table.truncate(keep)
         slot.cached_tokens = slot.cached_tokens[:keep]
         seq.n_cached = keep
+
+    def _resume_recurrent(self, slot: Slot, keep: int) -> int:
+        """Where a recurrent model's slot can resume within a common prefix of `keep` tokens: its
+        live state if the prefix is all the slot holds, else its last checkpoint inside the prefix
+        (restored), else the start. Checkpoints past that point are of tokens being replaced."""
+        live = len(slot.cached_tokens)
+        if keep != live:
+            checkpoint = self.checkpoints.best(slot.id, keep)
+            if checkpoint is None:
+                keep = 0
+            else:
+                self.state.restore(slot.id, checkpoint.state, checkpoint.n_tokens)
+                keep = checkpoint.n_tokens
+        self.checkpoints.drop_after(slot.id, keep)
+        return keep
+
+    def _keep_checkpoints(self, plan: list[tuple[Sequence, SequenceChunk]]) -> None:
+        """Snapshot the recurrent state of every sequence whose chunk ended on a checkpoint position."""
+        for seq, chunk in plan:
+            end = chunk.start_pos + len(chunk.token_ids)
+            if self.checkpoints.is_boundary(end) and not seq.handle.failed:
+                snapshot = Checkpoint(end, self.state.snapshot(seq.slot_id))
+                self.checkpoints.add(seq.slot_id, snapshot, protect_until=seq.n_prompt)
 
     # -- one step ------------------------------------------------------------------------------
 
@@ -307,6 +340,8 @@ class Engine:
         self.lora_sets.use(plan[0][0].handle.lora_key)
         plan, logits = self._forward(plan)
         self.stats["steps"] += 1
+        if self.checkpoints is not None:
+            self._keep_checkpoints(plan)
         sampled_seqs = []
         rows = []
         row = 0
@@ -376,13 +411,15 @@ class Engine:
             if seq.state != SeqState.PREFILL or budget <= 0:
                 continue
             start = seq.n_computed
-            take = min(seq.pending_prompt(), budget)
-            end = start + take
+            end = start + min(seq.pending_prompt(), budget)
+            if self.checkpoints is not None:
+                end = self.checkpoints.chunk_end(start, end)
             seq.table.make_last_block_private()  # the cached prefix may end in a block shared with another slot
             seq.table.reserve(end)
-            chunk = SequenceChunk(seq.tokens[start:end], start, seq.table.slots(0, end), need_logits=end == seq.n_prompt)
+            chunk = SequenceChunk(seq.tokens[start:end], start, seq.table.slots(0, end), need_logits=end == seq.n_prompt,
+                                  state_slot=seq.slot_id)
             plan.append((seq, chunk))
-            budget -= take
+            budget -= end - start
         return plan
 
     def _shift_context(self, seq: Sequence) -> None:
@@ -414,7 +451,7 @@ class Engine:
         pos = seq.n_computed
         seq.table.make_last_block_private()
         seq.table.reserve(pos + 1)
-        return SequenceChunk([seq.tokens[pos]], pos, seq.table.slots(0, pos + 1))
+        return SequenceChunk([seq.tokens[pos]], pos, seq.table.slots(0, pos + 1), state_slot=seq.slot_id)
 
     def _sampling_targets(self, seq: Sequence) -> list[Sequence]:
         """The sequences that sample from this row: a finished prompt also starts its sibling choices."""
@@ -427,6 +464,9 @@ class Engine:
                 sibling.table.release()
                 forked = seq.table.fork()
                 sibling.table.blocks, sibling.table.num_tokens = forked.blocks, forked.num_tokens
+                self.state.copy_sequence(seq.slot_id, sibling.slot_id)  # recurrent state, where there is one
+                if self.checkpoints is not None:
+                    self.checkpoints.share(seq.slot_id, sibling.slot_id)
                 sibling.n_cached = seq.n_cached
                 sibling.t_prompt_start = seq.t_prompt_start
                 targets.append(sibling)
@@ -526,3 +566,20 @@ def check_kv_fits(spec: StateSpec, num_tokens: int, cfg: EngineConfig) -> None:
             f"the KV cache for {cfg.n_parallel} slots x {cfg.n_ctx_slot} tokens needs {need / 2**30:.2f} GiB, "
             f"but only {free / 2**30:.2f} GiB is available: lower --ctx-size or --parallel"
         )
+    checkpoints = recurrent_state_bytes(spec, cfg) - spec.recurrent_bytes_per_sequence() * cfg.n_parallel
+    if free is not None and need + recurrent_state_bytes(spec, cfg) > free:
+        raise MemoryError(
+            f"the recurrent state of {cfg.n_parallel} slots with {cfg.ctx_checkpoints} checkpoints each needs "
+            f"{checkpoints / 2**30:.2f} GiB for the checkpoints beside the KV cache's {need / 2**30:.2f} GiB, but only "
+            f"{free / 2**30:.2f} GiB is available: lower --ctx-checkpoints or --parallel")
+
+
+def recurrent_state_bytes(spec: StateSpec, cfg: EngineConfig) -> int:
+    """Recurrent state of every slot plus a full set of checkpoints for each (0 without recurrent layers)."""
+    return spec.recurrent_bytes_per_sequence() * cfg.n_parallel * (1 + cfg.ctx_checkpoints)
+
+
+def check_recurrent_options(spec: StateSpec, cfg: EngineConfig) -> None:
+    if spec.recurrent and cfg.context_shift:
+        raise ValueError("--context-shift: this model has recurrent layers, whose state cannot drop tokens from its "
+                         "middle; start without --context-shift (a generation then stops when its slot is full)")

@@ -1,7 +1,8 @@
 """Saving a slot's KV cache to a file and restoring it (POST /slots/{id}?action=save|restore).
 
 Our own format: a `torch.save` dictionary with the token ids, the adapter scales they were
-computed with, the model's fingerprint and the K/V of every layer for those positions.
+computed with, the model's fingerprint, the K/V of every layer for those positions and, for a
+model with recurrent layers, the state they leave (one flat tensor: ModelState.snapshot).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def slot_file_path(directory: str, filename: str) -> str:
     return os.path.join(directory, filename)
 
 
-def save_slot(path: str, cache: KVCache, table: BlockTable, tokens: list[int], lora: tuple[float, ...], fingerprint: str) -> int:
+def save_slot(path: str, cache: KVCache, table: BlockTable, tokens: list[int], lora: tuple[float, ...], fingerprint: str,
+              recurrent: torch.Tensor | None = None) -> int:
     slots = torch.tensor(table.slots(0, len(tokens)), dtype=torch.long, device=cache.device)
     pool = cache.pool
     layers = [pool.read(layer, slots) for layer in range(len(pool.k))]
@@ -39,6 +41,8 @@ def save_slot(path: str, cache: KVCache, table: BlockTable, tokens: list[int], l
         "k": [k.cpu() for k, _ in layers],
         "v": [v.cpu() for _, v in layers],
     }
+    if recurrent is not None:
+        data["recurrent"] = recurrent.cpu()
     torch.save(data, path)
     return os.path.getsize(path)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..gguf.file import GGUFError, GGUFFile
-from . import gemma2, gemma3, gpt_oss, granite, llama, mistral3, olmo2, phi3, qwen
+from . import gemma2, gemma3, gemma4, gpt_oss, granite, lfm2, llama, mistral3, olmo2, phi3, qwen, qwen35
 from .config import ModelConfig, read_common_config
 from .decoder import Decoder
 from .options import DecoderOptions
@@ -29,6 +29,13 @@ ARCHITECTURES: dict[str, Callable[[GGUFFile, ModelConfig], DecoderOptions]] = {
     "granite": granite.options,
     "phi3": phi3.options,
     "gpt-oss": gpt_oss.options,
+    "smollm3": llama.smollm3_options,
+    "gemma4": gemma4.options,
+    # Hybrids of attention and recurrent layers (lamplight.models.recurrent)
+    "qwen35": qwen35.qwen35_options,
+    "qwen35moe": qwen35.qwen35moe_options,
+    "lfm2": lfm2.options,
+    "granitehybrid": granite.hybrid_options,
 }
 
 

@@ -10,15 +10,17 @@ call serves the group. The masks are built once per step and shared by all layer
 
 from __future__ import annotations
 
-# Decode groups pad every sequence's keys to a multiple of this, so a sequence's attention sums
-# run over the same aligned lengths whether it decodes alone or beside longer ones (batch
-# invariance: unaligned tails are summed in a different order by the CPU kernels).
+# Attention groups pad every sequence's keys to a multiple of this, so a query's attention sums
+# run over the same aligned lengths whether it decodes alone, beside longer sequences, or sits
+# in a prompt chunk (batch invariance: unaligned tails are summed in another order by the CPU
+# kernels).
 DECODE_KEY_ALIGN = 64
 
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,9 @@ class SequenceChunk:
 
     `kv_slots` lists, in position order, the pool index of every K/V entry the chunk attends to:
     the cached context followed by the chunk's own tokens (whose entries are written this step).
+    `state_slot` is the recurrent state slot the sequence owns (models with recurrent layers):
+    read at the chunk's start, written at its end. The slot must hold the state after exactly
+    `start_pos` tokens (a chunk at 0 starts from zeros whatever the slot held).
     """
 
     token_ids: Sequence[int]
@@ -34,6 +39,7 @@ class SequenceChunk:
     kv_slots: Sequence[int]
     need_logits: bool = True  # usually only the last chunk of a prompt, or a decode token
     all_logits: bool = False  # logits for every token of the chunk (teacher forcing, scoring)
+    state_slot: int = 0
 
 
 @dataclass
@@ -53,15 +59,22 @@ class AttentionGroup:
     def is_decode(self) -> bool:
         return self.query_rows.shape[1] == 1
 
-    def decode_bias(self, window: int | None, n_kv_heads: int, heads_per_kv: int) -> torch.Tensor:
-        """The decode mask as an additive bias (0 or -inf) in the layout of the batched score
-        matmul: [n_kv_heads * B, heads_per_kv, C]; shared by all layers of a step."""
+    def row_bias(self, window: int | None, n_kv_heads: int, heads_per_kv: int) -> torch.Tensor:
+        """The mask as an additive bias (0 or -inf) in the layout of the batched score matmul
+        (lamplight.models.layers._grouped_attention): [n_kv_heads * B, M, C], M the group's
+        queries times heads_per_kv padded to the matmul's row multiple (padding rows 0, they are
+        dropped); shared by all layers of a step."""
+        from .layers import padded_query_rows  # the matmul's layout is the attention's business
+
         key = (window, n_kv_heads, heads_per_kv)
         if key not in self._biases:
             mask = self.mask if window is None else self.window_mask(window)
-            b, c = mask.shape[0], mask.shape[-1]
-            bias = torch.zeros(b, c, device=mask.device).masked_fill_(~mask.view(b, c), float("-inf"))
-            self._biases[key] = bias.view(1, b, 1, c).expand(n_kv_heads, b, heads_per_kv, c).reshape(-1, heads_per_kv, c)
+            b, n_q, c = mask.shape[0], mask.shape[2], mask.shape[-1]
+            bias = torch.zeros(b, n_q, c, device=mask.device).masked_fill_(~mask.view(b, n_q, c), float("-inf"))
+            bias = bias[:, :, None].expand(b, n_q, heads_per_kv, c).reshape(b, n_q * heads_per_kv, c)
+            rows = padded_query_rows(n_q, heads_per_kv)
+            bias = F.pad(bias, (0, 0, 0, rows - n_q * heads_per_kv))
+            self._biases[key] = bias[None].expand(n_kv_heads, b, rows, c).reshape(-1, rows, c)
         return self._biases[key]
 
     def window_mask(self, window: int) -> torch.Tensor:
@@ -149,8 +162,7 @@ def count_leading_decode(chunks: Sequence[SequenceChunk]) -> int:
 def _make_group(items: list[tuple[int, SequenceChunk]], device) -> AttentionGroup:
     n_q = max(len(c.token_ids) for _, c in items)
     n_k = max(len(c.kv_slots) for _, c in items)
-    if n_q == 1:
-        n_k = -(-n_k // DECODE_KEY_ALIGN) * DECODE_KEY_ALIGN
+    n_k = -(-n_k // DECODE_KEY_ALIGN) * DECODE_KEY_ALIGN
     b = len(items)
     query_rows = torch.zeros(b, n_q, dtype=torch.long)
     query_valid = torch.zeros(b, n_q, dtype=torch.bool)

@@ -1,6 +1,8 @@
-"""Building blocks of the PyTorch decoder: quantized linear, RMSNorm, RoPE, paged attention."""
+"""Building blocks of the PyTorch decoder: quantized linear, dense FFN, RMSNorm, RoPE, paged attention."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -8,11 +10,26 @@ from torch import nn
 
 from ..gguf.file import TensorInfo
 from ..gguf.quant import dequantize
-from ..kernels.linear import DenseKernel
+from ..kernels.linear import BATCH_INVARIANT_ROWS, DenseKernel
 from ..state.kv import KVPool
+from .activations import ACTIVATIONS
 from .batch import ForwardBatch
 from .rope_scaling import RopeScaling
-from .spec import LinearSpec, RopeSpec
+from .spec import FeedForwardSpec, LinearSpec, RopeSpec
+
+
+# Rows of elementwise transcendental ops are padded to a multiple of this many floats: CPU
+# kernels compute whole vectors (up to 2 x 16 floats per iteration) one way and a remainder
+# another, which would make a value's bits depend on how many rows came with it.
+ALIGN = 64
+
+
+def aligned(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """fn(x) elementwise, computed on rows padded to ALIGN (see above)."""
+    pad = -x.shape[-1] % ALIGN
+    if not pad:
+        return fn(x.contiguous())
+    return fn(F.pad(x, (0, pad)))[..., : x.shape[-1]]
 
 
 class QuantLinear(nn.Module):
@@ -39,7 +56,9 @@ class QuantLinear(nn.Module):
         """What computes the layer on the PyTorch path: the float32 reference weight unless the
         fast path set another kernel."""
         if self._kernel is None:
-            self._kernel = DenseKernel(dequantize(self.info), torch.float32)
+            # Rows padded like the fast path's float32 kernels: a row's result does not depend
+            # on how many rows share the step (MKL sums 1-3 row remainders another way).
+            self._kernel = DenseKernel(dequantize(self.info), torch.float32, BATCH_INVARIANT_ROWS)
         return self._kernel
 
     @kernel.setter
@@ -94,6 +113,19 @@ class LinearGroup(nn.Module):
             for m, part in zip(self.members, y.split(self.sizes, dim=-1)):
                 m.add_lora_(x, part)
         return y
+
+
+class DenseFeedForward(nn.Module):
+    def __init__(self, spec: FeedForwardSpec):
+        super().__init__()
+        self.gate_up = LinearGroup(spec.gate_up)
+        (down,) = spec.down.weights
+        self.down = QuantLinear(down)
+        self.activation = ACTIVATIONS[spec.activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(self.activation(gate, up))
 
 
 class RMSNorm(nn.Module):
@@ -199,37 +231,56 @@ class ScoreShaping:
         return torch.softmax(torch.cat((scores, sinks), dim=-1), dim=-1)[..., :-1]
 
 
-def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float,
-                      shaping: ScoreShaping | None = None) -> torch.Tensor:
-    """Attention for one query per sequence, as two batched matmuls over (KV head, sequence).
+# Query rows of one (KV head, sequence) matmul are padded to a multiple of this: MKL computes a
+# row of a 1-3 row product (or of a remainder block) in another order than the rows of a larger
+# one, which would make a query's attention depend on how many queries came with it.
+QUERY_ROW_MULTIPLE = 4
 
-    Every operand is contiguous in one fixed layout and padding keys (aligned, biased to -inf)
-    leave each row's result bit-identical whatever else is in the batch: SDPA's kernels, and
-    matmuls on strided views, sum rows in an order that depends on the batch size.
 
-    q: [B, H, D]; keys, values: [Hkv, B, C, D] (as gathered); bias: [Hkv * B, H / Hkv, C].
-    Returns [B, H * Dv].
+def padded_query_rows(n_queries: int, heads_per_kv: int) -> int:
+    """The rows of one (KV head, sequence) score matmul: its queries' heads, padded."""
+    return -(-n_queries * heads_per_kv // QUERY_ROW_MULTIPLE) * QUERY_ROW_MULTIPLE
+
+
+def _grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float,
+                       shaping: ScoreShaping | None = None) -> torch.Tensor:
+    """Attention of a group's queries as two batched matmuls over (KV head, sequence), for decode
+    tokens and prompt chunks alike.
+
+    Every operand is contiguous in one fixed layout, query rows are padded to QUERY_ROW_MULTIPLE
+    and keys to an aligned length (padding biased to -inf), so each query's result is
+    bit-identical whatever else is in the batch and whether it is a decode token or a row of a
+    prompt chunk (SDPA's kernels, and matmuls on strided views, sum in orders that depend on
+    the shapes): the reproducibility rule on the PyTorch path.
+
+    q: [B, Q, H, D]; keys, values: [Hkv, B, C, D] (as gathered); bias: [Hkv * B, M, C] with M
+    the padded query rows (AttentionGroup.row_bias). Returns [B, Q, H * Dv].
     """
-    b, n_heads, d = q.shape
+    b, n_q, n_heads, d = q.shape
     n_kv, _, c, dv = values.shape
-    grouped = q.view(b, n_kv, n_heads // n_kv, d).transpose(0, 1).reshape(n_kv * b, -1, d)
+    group = n_heads // n_kv
+    rows = bias.shape[1]
+    grouped = q.view(b, n_q, n_kv, group, d).permute(2, 0, 1, 3, 4).reshape(n_kv * b, n_q * group, d)
+    if rows != n_q * group:
+        grouped = F.pad(grouped, (0, 0, 0, rows - n_q * group))
     keys_t = keys.view(n_kv * b, c, d).transpose(1, 2)
     if shaping is None:
         probs = torch.softmax(torch.baddbmm(bias, grouped, keys_t, alpha=scale), dim=-1)
     else:
         scores = shaping.cap(torch.bmm(grouped, keys_t) * scale) + bias
         sinks = None
-        if shaping.sinks is not None:  # per query head -> this layout's (KV head, sequence, group) rows
-            sinks = shaping.sinks.view(n_kv, 1, -1, 1).expand(n_kv, b, n_heads // n_kv, 1).reshape(n_kv * b, -1, 1)
+        if shaping.sinks is not None:  # per query head -> this layout's (KV head, sequence, query, group) rows
+            sinks = shaping.sinks.view(n_kv, 1, 1, group).expand(n_kv, b, n_q, group).reshape(n_kv * b, -1, 1)
+            sinks = F.pad(sinks, (0, 0, 0, rows - n_q * group))
         probs = shaping.softmax(scores, sinks)
-    out = torch.bmm(probs, values.view(n_kv * b, c, dv))  # [Hkv * B, G, Dv]
-    return out.view(n_kv, b, -1, dv).transpose(0, 1).reshape(b, n_heads * dv)
+    out = torch.bmm(probs, values.view(n_kv * b, c, dv))[:, : n_q * group]  # [Hkv * B, Q * G, Dv]
+    return out.reshape(n_kv, b, n_q, group, dv).permute(1, 2, 0, 3, 4).reshape(b, n_q, n_heads * dv)
 
 
 def paged_attention(
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
     layer: int,
     kv: KVPool,
     batch: ForwardBatch,
@@ -239,57 +290,35 @@ def paged_attention(
 ) -> torch.Tensor:
     """Store this step's K/V in the pool, then attend every group of queries to its keys.
 
-    q: [T, n_heads, head_dim_k]; k: [T, n_kv_heads, head_dim_k]; v: [T, n_kv_heads, head_dim_v].
+    q: [T, n_heads, head_dim_k]; k: [T, n_kv_heads, head_dim_k]; v: [T, n_kv_heads, head_dim_v];
+    k and v None: a layer reading the K/V an earlier layer wrote this step (gemma4's shared KV).
     Returns [T, n_heads * head_dim_v].
     """
-    kv.write(layer, batch.kv_write_slots, k, v)
+    if k is not None:
+        kv.write(layer, batch.kv_write_slots, k, v)
     n_tokens, n_heads, _ = q.shape
-    n_kv, dv = v.shape[1], v.shape[-1]
+    n_kv, dv = kv.k[layer].shape[0], kv.v[layer].shape[-1]
     out = None
     for group in batch.groups:
         keys, values = kv.gather(layer, group.kv_index)  # [Hkv, B, C, D]
         keys, values = keys.to(q.dtype), values.to(q.dtype)
         b = keys.shape[1]
+        bias = group.row_bias(window, n_kv, n_heads // n_kv)
+        attn = _grouped_attention(q[group.query_rows], keys, values, bias, scale, shaping)  # [B, Q, H * Dv]
         if group.is_decode and group.leading_rows and b == n_tokens:
-            return _decode_attention(q, keys, values, group.decode_bias(window, n_kv, n_heads // n_kv), scale, shaping)
+            return attn.view(b, -1)
         if out is None:
             out = q.new_empty(n_tokens, n_heads * dv)
-        if group.is_decode:
-            bias = group.decode_bias(window, n_kv, n_heads // n_kv)
-            rows = slice(0, b) if group.leading_rows else group.query_rows[:, 0]
-            out[rows] = _decode_attention(q[group.query_rows[:, 0]], keys, values, bias, scale, shaping)
-            continue
-        mask = group.mask if window is None else group.window_mask(window)
-        gq = q[group.query_rows].transpose(1, 2)  # [B, H, Q, D]
-        if shaping is None:
-            attn = F.scaled_dot_product_attention(
-                gq, keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=True
-            )
-        else:
-            attn = _shaped_attention(gq, keys.transpose(0, 1), values.transpose(0, 1), mask, scale, shaping)
-        attn = attn.transpose(1, 2).reshape(b, -1, n_heads * dv)  # [B, Q, H * Dv]
         valid = group.query_valid
         out[group.query_rows[valid]] = attn[valid]
     return out
 
 
-def _shaped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float,
-                      shaping: ScoreShaping) -> torch.Tensor:
-    """Prompt attention written out (SDPA has no softcap or sinks).
-
-    q: [B, H, Q, D]; keys, values: [B, Hkv, C, D]; mask: [B, 1, Q, C]. Returns [B, H, Q, Dv].
-    """
-    group = q.shape[1] // keys.shape[1]
-    keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
-    scores = shaping.cap(torch.matmul(q, keys.transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf"))
-    sinks = None if shaping.sinks is None else shaping.sinks.view(1, -1, 1, 1)
-    return torch.matmul(shaping.softmax(scores, sinks), values)
-
-
 @torch.inference_mode()
-def shift_kv(kv: KVPool, layer_ropes: list[Rotary], src: torch.Tensor, dst: torch.Tensor, delta: int) -> None:
+def shift_kv(kv: KVPool, layer_ropes: list[Rotary | None], src: torch.Tensor, dst: torch.Tensor, delta: int) -> None:
     """Move cached K/V entries from pool indices `src` to `dst`, re-rotating each layer's keys by
-    `delta` positions with that layer's rope (context shift), so nothing has to be recomputed."""
+    `delta` positions with that layer's rope (context shift), so nothing has to be recomputed;
+    keys of a layer without rope (None) move as they are."""
     for layer, rope in enumerate(layer_ropes):
         k, v = kv.read(layer, src)
-        kv.write(layer, dst, rope.rotate_by(k.float(), delta), v)
+        kv.write(layer, dst, k if rope is None else rope.rotate_by(k.float(), delta), v)

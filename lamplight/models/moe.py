@@ -15,7 +15,7 @@ from ..gguf.file import TensorInfo
 from ..gguf.quant import dequantize_rows
 from ..kernels.linear import BATCH_INVARIANT_ROWS, DenseKernel
 from .activations import ACTIVATIONS
-from .layers import QuantLinear
+from .layers import DenseFeedForward, QuantLinear, aligned
 from .spec import ExpertsSpec
 
 
@@ -45,7 +45,8 @@ class MoEFeedForward(nn.Module):
 
     gating 'softmax' (qwen3moe): softmax over all experts, top-k of the probabilities, weights
     renormalised to sum 1 when `normalize`. gating 'softmax_selected' (gpt-oss): top-k of the
-    raw router logits, softmax over the k selected.
+    raw router logits, softmax over the k selected. A shared expert (qwen35moe) adds a dense FFN
+    every token runs, scaled by sigmoid(shared_gate . x).
     """
 
     def __init__(self, spec: ExpertsSpec):
@@ -57,6 +58,10 @@ class MoEFeedForward(nn.Module):
         self.down = ExpertBank(spec.down, spec.down_bias)
         self.n_used, self.gating, self.normalize = spec.n_used, spec.gating, spec.normalize
         self.activation = ACTIVATIONS[spec.activation]
+        self.shared = None
+        if spec.shared is not None:
+            self.shared = DenseFeedForward(spec.shared)
+        self.register_buffer("shared_gate", spec.shared_gate, persistent=False)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per row: the selected experts [T, k] and their weights [T, k]."""
@@ -79,4 +84,10 @@ class MoEFeedForward(nn.Module):
             xe = x[rows]
             y = self.down.apply(self.activation(self.gate.apply(xe, e), self.up.apply(xe, e)), e)
             out.index_add_(0, rows, y * weights[rows, slot, None])
+        if self.shared is not None:
+            shared = self.shared(x)
+            if self.shared_gate is not None:  # one scalar gate per token, summed per row (no
+                # matrix-vector product: MKL's sums the rows of 1-3 row inputs another way)
+                shared = shared * aligned(torch.sigmoid, (x * self.shared_gate).sum(-1))[:, None]
+            out = out + shared
         return out

@@ -27,6 +27,18 @@ class MoEOptions:
 
 
 @dataclass(frozen=True)
+class SSMOptions:
+    """The recurrent layers' hyperparameters (llama.cpp's ssm.* / shortconv.* keys); which of them
+    a mixer reads depends on its kind (lamplight.models.spec)."""
+
+    conv_kernel: int  # K: the causal convolution's taps (its state keeps K - 1 inputs)
+    state_size: int = 0  # Gated DeltaNet: head size d of q/k/v; Mamba2: N, the SSM state per channel
+    group_count: int = 0  # Gated DeltaNet: q/k heads; Mamba2: B/C groups
+    time_step_rank: int = 0  # Gated DeltaNet: v heads; Mamba2: SSM heads
+    inner_size: int = 0  # Gated DeltaNet: v heads x d; Mamba2: D
+
+
+@dataclass(frozen=True)
 class QueryTemperature:
     """llama 4 / Mistral 3 attention temperature: q *= 1 + scale * ln(floor((pos + offset) / length) + 1)."""
 
@@ -57,6 +69,26 @@ class DecoderOptions:
     ffn_norm_tensor: str = "ffn_norm.weight"  # gpt-oss calls its FFN input norm post_attention_norm
     query_temperature: QueryTemperature | None = None
     moe: MoEOptions | None = None
+    # Hybrid stacks: per layer "attention" or a recurrent mixer ("deltanet", "shortconv",
+    # "mamba2"); empty: every layer attends.
+    layer_kinds: tuple[str, ...] = ()
+    ssm: SSMOptions | None = None
+    attn_output_gate: bool = False  # Q rows interleave a sigmoid output gate per head (qwen35)
+    no_rope_layers: tuple[bool, ...] = ()  # per layer: attention without rotation (smollm3's NoPE); empty: none
+    sliding_head_dims: tuple[int, int] | None = None  # sliding layers' own (head_dim_k, head_dim_v) (gemma4)
+    sliding_rope_dims: int | None = None  # sliding layers' own rotated dims, without rope_freqs (gemma4)
+    shared_kv_layers: int = 0  # the last n layers attend over an earlier layer's K/V (gemma4)
+    value_norm: bool = False  # V normalised (RMS, no weight) before caching (gemma4)
+    attn_v_optional: bool = False  # a layer without attn_v uses its raw K projection as V (gemma4)
+    output_norm_tensor: str = "output_norm.weight"  # lfm2: token_embd_norm.weight
+
+
+# The mixers a layer of a hybrid stack can have (DecoderOptions.layer_kinds).
+RECURRENT_KINDS = ("deltanet", "shortconv", "mamba2")
+
+
+def layer_kind(opts: DecoderOptions, layer: int) -> str:
+    return opts.layer_kinds[layer] if opts.layer_kinds else "attention"
 
 
 def sliding_pattern(gguf: GGUFFile, n_layers: int, period: int | None = None, default_period: int | None = None,

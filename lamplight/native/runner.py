@@ -296,9 +296,16 @@ def _pack_groups(infos: list) -> list[tuple[list, object]]:
         return [([i], pack.pack(i)) for i in infos]
 
 
+# Architectures the native forward does not compute yet (recurrent mixers, gemma4's per-layer
+# inputs and shared KV, smollm3's NoPE layers): the "fast" backend serves them on PyTorch's kernels.
+NOT_NATIVE_ARCHITECTURES = frozenset({"qwen35", "qwen35moe", "lfm2", "granitehybrid", "gemma4", "smollm3"})
+
+
 def _check_supported(spec: DecoderSpec) -> None:
     """NativeUnsupported naming what the native forward does not compute."""
     cfg, opts = spec.config, spec.options
+    if cfg.architecture in NOT_NATIVE_ARCHITECTURES:
+        raise NativeUnsupported(f"the architecture {cfg.architecture!r} has no native forward yet")
     if cfg.head_dim_k % 8 or cfg.head_dim_v % 8 or cfg.n_embd > abi.MAX_EMBD or cfg.head_dim_k > abi.MAX_HEAD_DIM:
         raise NativeUnsupported(f"head sizes {cfg.head_dim_k}/{cfg.head_dim_v} or width {cfg.n_embd}")
     activations = {opts.activation} | {layer.ffn.activation for layer in spec.layers}

@@ -42,12 +42,13 @@ class ModelRunner(ABC):
 
     @property
     def state_spec(self) -> StateSpec:
-        return self.spec.config.state_spec
+        return self.spec.state_spec
 
     def new_state(self, num_tokens: int, k_dtype: torch.dtype = torch.float32, v_dtype: torch.dtype | None = None,
-                  device: torch.device | str = "cpu") -> ModelState:
-        """Storage for `num_tokens` token positions of state, shared by all sequences."""
-        return ModelState.allocate(self.state_spec, num_tokens, k_dtype, v_dtype, device)
+                  device: torch.device | str = "cpu", n_sequences: int = 1) -> ModelState:
+        """Storage for `num_tokens` token positions of K/V shared by all sequences, and (models
+        with recurrent layers) `n_sequences` recurrent state slots (SequenceChunk.state_slot)."""
+        return ModelState.allocate(self.state_spec, num_tokens, k_dtype, v_dtype, device, n_sequences=n_sequences)
 
     def run(self, chunks: Sequence[SequenceChunk], state: ModelState) -> torch.Tensor:
         """One step over `chunks` (in row order): logits [rows needing them, vocab]."""

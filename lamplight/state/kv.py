@@ -17,14 +17,34 @@ import torch
 
 @dataclass(frozen=True)
 class KVLayout:
+    """The K/V every attention layer with its own cache stores per token. `layer_shapes` lists
+    (n_kv_heads, head_dim_k, head_dim_v) per layer where layers differ (Gemma 4's sliding and
+    full layers); empty, every layer has the shape of the scalar fields."""
+
     num_layers: int
     n_kv_heads: int
     head_dim_k: int
     head_dim_v: int
+    layer_shapes: tuple[tuple[int, int, int], ...] = ()
+
+    @classmethod
+    def of_layers(cls, shapes: list[tuple[int, int, int]]) -> "KVLayout":
+        """The layout of layers of these shapes (the plain uniform form where they agree)."""
+        if not shapes:
+            return cls(0, 0, 0, 0)
+        if len(set(shapes)) == 1:
+            return cls(len(shapes), *shapes[0])
+        widest = max(shapes, key=lambda s: s[0] * (s[1] + s[2]))
+        return cls(len(shapes), *widest, layer_shapes=tuple(shapes))
+
+    def shape(self, layer: int) -> tuple[int, int, int]:
+        """(n_kv_heads, head_dim_k, head_dim_v) of one layer."""
+        return self.layer_shapes[layer] if self.layer_shapes else (self.n_kv_heads, self.head_dim_k, self.head_dim_v)
 
     def bytes_per_token(self, k_dtype: torch.dtype = torch.float32, v_dtype: torch.dtype | None = None) -> int:
-        bits = self.head_dim_k * torch.finfo(k_dtype).bits + self.head_dim_v * torch.finfo(v_dtype or k_dtype).bits
-        return self.n_kv_heads * self.num_layers * bits // 8
+        k_bits, v_bits = torch.finfo(k_dtype).bits, torch.finfo(v_dtype or k_dtype).bits
+        shapes = [self.shape(layer) for layer in range(self.num_layers)]
+        return sum(n * (dk * k_bits + dv * v_bits) for n, dk, dv in shapes) // 8
 
 
 class KVPool:
@@ -32,14 +52,16 @@ class KVPool:
                  device: torch.device | str = "cpu", v_dtype: torch.dtype | None = None):
         self.layout = layout
         self.num_tokens = num_tokens
-        shape_k = (layout.n_kv_heads, num_tokens, layout.head_dim_k)
-        shape_v = (layout.n_kv_heads, num_tokens, layout.head_dim_v)
-        self.k = [torch.zeros(shape_k, dtype=dtype, device=device) for _ in range(layout.num_layers)]
-        self.v = [torch.zeros(shape_v, dtype=v_dtype or dtype, device=device) for _ in range(layout.num_layers)]
+        self._device = torch.device(device)  # also for a model without attention layers
+        self.k, self.v = [], []
+        for layer in range(layout.num_layers):
+            n_kv, dk, dv = layout.shape(layer)
+            self.k.append(torch.zeros((n_kv, num_tokens, dk), dtype=dtype, device=device))
+            self.v.append(torch.zeros((n_kv, num_tokens, dv), dtype=v_dtype or dtype, device=device))
 
     @property
     def device(self) -> torch.device:
-        return self.k[0].device
+        return self.k[0].device if self.k else self._device
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K/V of tokens ([T, n_kv_heads, head_dim]) at pool indices `slots` ([T])."""

@@ -1,0 +1,100 @@
+"""Recurrent-state checkpoints: how a follow-up turn on a hybrid model avoids re-reading its prompt.
+
+A recurrent layer's state (lamplight.state.recurrent) holds the whole history folded into a fixed
+size, so unlike K/V it cannot be cut back to an earlier position. A slot therefore keeps
+snapshots of its state at aligned positions (multiples of `interval`, in prompts and in
+generated text alike: the engine cuts prompt chunks at those positions). A request whose common
+prefix with the slot's tokens ends anywhere resumes from the live state when the prefix is
+everything the slot holds, or else from the last checkpoint inside the prefix: it re-reads at
+most `interval - 1` tokens of its prefix, never the whole prompt (llama.cpp's server re-reads
+everything when the prefix diverges after its last checkpoint).
+
+Each slot keeps at most `max_per_slot` checkpoints (`--ctx-checkpoints`). When full, the oldest
+is dropped, except the last one at or before the current request's prompt end: that is the one a
+follow-up needs when the reply is not repeated verbatim (templates that strip a reply's thinking).
+
+Snapshots are copies and never change, so a slot's checkpoints can be shared with the sibling
+choices (`n > 1`) that fork from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Tokens between two checkpoints (and where prompt chunks of recurrent models are cut).
+DEFAULT_INTERVAL = 256
+# Checkpoints kept per slot unless --ctx-checkpoints says otherwise (llama-server's default).
+DEFAULT_PER_SLOT = 8
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    n_tokens: int  # the state after this many tokens of the slot's sequence
+    state: torch.Tensor  # ModelState.snapshot(): one flat tensor
+
+
+class CheckpointStore:
+    """Every slot's checkpoints, each slot's sorted by position."""
+
+    def __init__(self, n_slots: int, max_per_slot: int = DEFAULT_PER_SLOT, interval: int = DEFAULT_INTERVAL):
+        if max_per_slot < 0:
+            raise ValueError(f"--ctx-checkpoints must be >= 0, not {max_per_slot}")
+        if interval < 1:
+            raise ValueError(f"the checkpoint interval must be >= 1, not {interval}")
+        self.max_per_slot = max_per_slot
+        self.interval = interval
+        self._slots: list[list[Checkpoint]] = [[] for _ in range(n_slots)]
+
+    def positions(self, slot: int) -> list[int]:
+        return [c.n_tokens for c in self._slots[slot]]
+
+    def is_boundary(self, n_tokens: int) -> bool:
+        return self.max_per_slot > 0 and n_tokens > 0 and n_tokens % self.interval == 0
+
+    def chunk_end(self, start: int, end: int) -> int:
+        """Where a prompt chunk from `start` wanting to reach `end` must stop: at the first
+        checkpoint position strictly inside it, so that the state there can be saved."""
+        if self.max_per_slot == 0:
+            return end
+        boundary = (start // self.interval + 1) * self.interval
+        return min(end, boundary)
+
+    def add(self, slot: int, checkpoint: Checkpoint, protect_until: int) -> None:
+        """Keep `checkpoint`; past the budget, drop the oldest one other than the last one at or
+        before `protect_until` (the running request's prompt length)."""
+        kept = [c for c in self._slots[slot] if c.n_tokens != checkpoint.n_tokens]
+        kept.append(checkpoint)
+        kept.sort(key=lambda c: c.n_tokens)
+        while len(kept) > self.max_per_slot:
+            protected = self._last_at_or_before(kept, protect_until)
+            victim = next(c for c in kept if c is not protected) if len(kept) > 1 else kept[0]
+            kept.remove(victim)
+        self._slots[slot] = kept
+
+    def best(self, slot: int, limit: int) -> Checkpoint | None:
+        """The checkpoint furthest along at or before position `limit`."""
+        return self._last_at_or_before(self._slots[slot], limit)
+
+    def drop_after(self, slot: int, n_tokens: int) -> None:
+        """Forget checkpoints past `n_tokens` (the slot's tokens after it are being replaced)."""
+        self._slots[slot] = [c for c in self._slots[slot] if c.n_tokens <= n_tokens]
+
+    def clear(self, slot: int) -> None:
+        self._slots[slot] = []
+
+    def share(self, src: int, dst: int) -> None:
+        """`dst` forks from `src` (n > 1 choices): the same checkpoints, which never change."""
+        self._slots[dst] = list(self._slots[src])
+
+    @staticmethod
+    def _last_at_or_before(checkpoints: list[Checkpoint], limit: int) -> Checkpoint | None:
+        found = None
+        for checkpoint in checkpoints:
+            if checkpoint.n_tokens <= limit:
+                found = checkpoint
+        return found
+
+    def bytes_held(self) -> int:
+        return sum(c.state.numel() * c.state.element_size() for slot in self._slots for c in slot)
