@@ -2,7 +2,8 @@
 
 Modules: cli (arguments, exit codes), runner (one whole run), scenarios (what is measured),
 client (HTTP and per-request timing), prompts (deterministic prompts), report (table, JSON),
-config (scenario sizes), context (what scenarios share), progress (stderr counter).
+config (scenario sizes), context (what scenarios share), progress (stderr counter),
+random_model (`bench write-model`: random-weight GGUFs of real model shapes).
 
 To mount as a subcommand: `add_arguments(subparser)`, then call `run_with_args(args)`.
 """

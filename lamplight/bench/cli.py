@@ -63,13 +63,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="decode batch sizes for --engine (default: 1,4,16,32)")
     engine.add_argument("--steps", type=int, default=12, help="timed decode steps per batch size (default: %(default)s)")
     parser.set_defaults(bench_main=run_with_args)
+    _add_write_model_command(parser)
     return parser
+
+
+def _add_write_model_command(parser: argparse.ArgumentParser) -> None:
+    """`bench write-model SHAPE OUT.gguf`: an optional subcommand, so `bench [options]` is unchanged."""
+    from lamplight.bench.random_model import add_write_model_arguments, run_write_model
+
+    commands = parser.add_subparsers(dest="bench_command", metavar="{write-model}",
+                                     title="other commands (instead of a benchmark run)")
+    write = commands.add_parser("write-model", help="write a random-weight GGUF of a real model shape",
+                                description="Write a random-weight GGUF of a real model's shape (the default "
+                                            "model's tokenizer), quantized as llama-quantize would, for "
+                                            "benchmarks at real sizes.")
+    add_write_model_arguments(write)
+    write.set_defaults(bench_main=run_write_model)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lamplight bench", description=DESCRIPTION)
     add_arguments(parser)
-    return run_with_args(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    return args.bench_main(args)  # run_with_args, or a subcommand's
 
 
 def run_with_args(args: argparse.Namespace) -> int:

@@ -1,0 +1,214 @@
+"""`lamplight bench write-model`: random-weight GGUFs of real model shapes (lamplight.bench.random_model).
+
+Checked against llama.cpp's own files where they exist: the type mix against a real
+llama-quantize Q4_K_M file (gemma-3-270m), the qwen35 layout against
+shared/reference/archs2/qwen35.gguf (read back with the gguf library); the small llama files
+load in lamplight, their weights have a trained model's spread, and greedy output is ASCII.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from conftest import reference_path
+from gguf import GGMLQuantizationType as Q
+from gguf.constants import MODEL_ARCH, MODEL_TENSORS, TENSOR_NAMES
+
+import lamplight
+from lamplight.bench.random_model import (FILE_TYPES, HEAD_SHRINK, MATRIX_STD, SHAPES, llama3_rope_factors,
+                                          planned_tensors, shape_for, tensor_types, write_random_model)
+from lamplight.cli import main as lamplight_main
+from lamplight.gguf.file import GGUFFile
+from lamplight.gguf.quant import dequantize
+from lamplight.runner import greedy, score
+from lamplight.tokenizer import Tokenizer
+
+# A llama-3.2-1b cut small: 2 layers of 256 wide (a multiple of Q4_K's 256-value blocks).
+SMALL = ("n_embd=256", "n_ff=512", "n_head=4", "n_head_kv=2")
+PROMPTS = ("The capital of France is", "def fib(n):", "Bonjour, ça va? 日本語 ✓", "1, 2, 3,")
+
+
+@pytest.fixture(scope="module")
+def small_files(tmp_path_factory, smollm2_path) -> dict[str, str]:
+    folder = tmp_path_factory.mktemp("random_models")
+    return {ft: str(write_random_model("llama-3.2-1b", folder / f"small-{ft}.gguf", ft, seed=1, layers=2,
+                                       overrides=SMALL, tokenizer_from=smollm2_path).path)
+            for ft in FILE_TYPES}
+
+
+@pytest.fixture(scope="module")
+def small_model(small_files):
+    return lamplight.load(small_files["Q4_K_M"], backend="reference")
+
+
+def _printable_ascii(text: bytes) -> bool:
+    return bool(text) and all(0x20 <= b < 0x7F or b in (9, 10) for b in text)
+
+
+@pytest.fixture(scope="module")
+def ascii_rows(smollm2_path) -> torch.Tensor:
+    """Which tokens of the (copied) SmolLM2 vocabulary are whole printable ASCII, not control."""
+    tokenizer = Tokenizer.from_gguf(GGUFFile(smollm2_path))
+    return torch.tensor([_printable_ascii(tokenizer.token_bytes(i)) and not tokenizer.is_control(i)
+                         for i in range(tokenizer.vocab_size)])
+
+
+def test_q4_k_m_types_are_llama_quantizes(gemma3_path):
+    """The rule reproduces every tensor type of a file llama-quantize wrote as Q4_K_M (its
+    Q6_K/Q4_K layers of attn_v and ffn_down, the fallbacks of 640-wide rows to Q5_0/Q8_0, the
+    tied embeddings' Q8_0)."""
+    real = GGUFFile(gemma3_path)
+    assert real.metadata["general.file_type"] == FILE_TYPES["Q4_K_M"].ftype
+    chosen = tensor_types([(name, t.shape) for name, t in real.tensors.items()], "Q4_K_M")
+    wrong = {name: (chosen[name].name, t.qtype.name) for name, t in real.tensors.items() if chosen[name] != t.qtype}
+    assert not wrong, f"(ours, llama-quantize's): {wrong}"
+
+
+@pytest.mark.parametrize("file_type", list(FILE_TYPES))
+def test_every_type_writes_and_loads(small_files, file_type):
+    path = small_files[file_type]
+    written = GGUFFile(path)
+    plan = planned_tensors(shape_for("llama-3.2-1b", 2, SMALL), 49152)
+    expected = tensor_types([(t.name, t.shape) for t in plan], file_type)
+    assert {name: t.qtype for name, t in written.tensors.items()} == expected
+    assert written.metadata["general.file_type"] == FILE_TYPES[file_type].ftype
+    model = lamplight.load(path, backend="reference")
+    logits = score(model.runner, model.tokenizer.encode(PROMPTS[0]))
+    assert torch.isfinite(logits).all()
+    assert 0.1 < float(logits[-1].std()) < 10  # neither vanished nor blown up after the layers
+
+
+@pytest.mark.parametrize("file_type", ["Q4_K_M", "Q4_0", "Q8_0"])
+def test_dequantized_weights_have_a_trained_spread(small_files, ascii_rows, file_type):
+    written = GGUFFile(small_files[file_type])
+    for name, info in written.tensors.items():
+        values = dequantize(info)
+        if name == "rope_freqs.weight":
+            continue
+        if info.qtype == Q.F32:  # norms
+            assert abs(float(values.mean()) - 1) < 0.02, name
+            continue
+        if name == "token_embd.weight":  # the ASCII rows only (the others are shrunk, tested below)
+            values = values[ascii_rows]
+        assert abs(float(values.std()) / MATRIX_STD - 1) < 0.05, (name, float(values.std()))
+        assert abs(float(values.mean())) < 0.05 * MATRIX_STD, (name, float(values.mean()))
+
+
+def test_greedy_output_is_ascii(small_model):
+    for prompt in PROMPTS:
+        out = greedy(small_model.runner, small_model.tokenizer.encode(prompt), 12)
+        pieces = [small_model.tokenizer.token_bytes(t) for t in out]
+        assert all(_printable_ascii(p) for p in pieces), (prompt, pieces)
+        small_model.tokenizer.decode(out).encode("ascii")
+
+
+def test_head_rows_leave_only_ascii_to_pick(small_model, ascii_rows):
+    """For any final hidden state the argmax is an ASCII token: the head's other rows are
+    shrunk. Without the shrink, random states do pick non-ASCII tokens (so the check has teeth)."""
+    head = dequantize(small_model.gguf.tensors["token_embd.weight"])
+    hidden = torch.randn(2000, head.shape[1], generator=torch.Generator().manual_seed(0))
+    assert ascii_rows[(hidden @ head.T).argmax(-1)].all()
+    unshrunk = torch.where(ascii_rows[:, None], head, head / HEAD_SHRINK)
+    assert not ascii_rows[(hidden @ unshrunk.T).argmax(-1)].all()
+    row_norms = head.norm(dim=1)
+    assert float(row_norms[~ascii_rows].max()) < 2 * HEAD_SHRINK * float(row_norms[ascii_rows].median())
+
+
+def test_same_seed_gives_the_same_bytes(tmp_path, small_files, smollm2_path):
+    again = write_random_model("llama-3.2-1b", tmp_path / "again.gguf", "Q4_K_M", seed=1, layers=2,
+                               overrides=SMALL, tokenizer_from=smollm2_path).path
+    other = write_random_model("llama-3.2-1b", tmp_path / "other.gguf", "Q4_K_M", seed=2, layers=2,
+                               overrides=SMALL, tokenizer_from=smollm2_path).path
+    first = open(small_files["Q4_K_M"], "rb").read()
+    assert open(again, "rb").read() == first
+    assert open(other, "rb").read() != first
+    assert len(open(other, "rb").read()) == len(first)
+
+
+def test_llama3_rope_factors_follow_the_scaling_rule():
+    """Llama 3's rope_scaling: pairs turning faster than original_ctx / high_freq_factor keep
+    their frequency, slower than original_ctx / low_freq_factor are divided by factor, with a
+    monotone ramp between."""
+    s = SHAPES["llama-3.2-1b"]
+    factor, low, high, original = s.llama3_rope
+    factors = llama3_rope_factors(s.head_dim, s.rope_theta, *s.llama3_rope)
+    wavelen = 2 * math.pi * s.rope_theta ** (np.arange(0, s.head_dim, 2) / s.head_dim)
+    assert factors.shape == (s.head_dim // 2,)
+    assert (factors[wavelen < original / high] == 1).all()
+    assert (factors[wavelen > original / low] == factor).all()
+    assert (np.diff(factors) >= 0).all() and 1 < factors[(wavelen > original / high) & (wavelen < original / low)].min()
+
+
+# The archs2 file's qwen35 keys -> the shape fields that write them.
+QWEN35_FIELDS = {
+    "embedding_length": "n_embd", "feed_forward_length": "n_ff", "attention.head_count": "n_head",
+    "attention.head_count_kv": "n_head_kv", "attention.key_length": "head_dim", "context_length": "n_ctx",
+    "attention.layer_norm_rms_epsilon": "rms_eps", "rope.freq_base": "rope_theta", "rope.dimension_count": "n_rot",
+    "rope.dimension_sections": "rope_sections", "full_attention_interval": "full_attention_interval",
+    "ssm.conv_kernel": "ssm_conv_kernel", "ssm.state_size": "ssm_state_size", "ssm.group_count": "ssm_group_count",
+    "ssm.time_step_rank": "ssm_time_step_rank",
+}
+
+
+def test_qwen35_file_has_the_reference_layout(tmp_path, smollm2_path):
+    """At the reference file's sizes (read from it), a qwen3.5 file holds exactly its keys and
+    its tensors with its shapes (the vocabulary dimension aside), read back with gguf's reader."""
+    ref = GGUFFile(reference_path("archs2/qwen35.gguf"))
+    arch_keys = {k[len("qwen35."):]: v for k, v in ref.metadata.items() if k.startswith("qwen35.")}
+    overrides = ["tied=0"] + [f"{field}={_override_text(arch_keys[key])}" for key, field in QWEN35_FIELDS.items()]
+    path = write_random_model("qwen3.5-0.8b", tmp_path / "qwen35.gguf", "Q8_0", layers=int(arch_keys["block_count"]),
+                              overrides=overrides, tokenizer_from=smollm2_path).path
+    reader = gguf.GGUFReader(path)
+    fields = {name: field for name, field in reader.fields.items() if name.startswith("qwen35.")}
+    assert set(fields) == {f"qwen35.{k}" for k in arch_keys}
+    for key, value in arch_keys.items():
+        if key != "vocab_size":
+            read = reader.fields[f"qwen35.{key}"].contents()
+            assert np.allclose(read, value, rtol=1e-6), (key, read, value)
+    assert reader.fields["qwen35.rope.dimension_sections"].types == [gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.INT32]
+    n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    ours = {t.name: tuple(int(n) for n in reversed(t.shape)) for t in reader.tensors}
+    theirs = {name: tuple(n_vocab if n == ref.metadata["qwen35.vocab_size"] else n for n in t.shape)
+              for name, t in ref.tensors.items()}
+    assert ours == theirs
+
+
+def _override_text(value) -> str:
+    return ",".join(str(int(v)) for v in value) if isinstance(value, np.ndarray) else str(value)
+
+
+# Parameters as published, with each model's own vocabulary: Llama 3.2's exact counts; Qwen 3.5's
+# nominal sizes include a vision encoder (~0.1B) that these text-only files leave out.
+PUBLISHED = {"llama-3.2-1b": (128256, 1_235_814_400, 0.0), "llama-3.2-3b": (128256, 3_212_749_824, 0.0),
+             "qwen3.5-0.8b": (248320, 0.8e9, 0.1), "qwen3.5-2b": (248320, 2e9, 0.1)}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_real_shapes_have_the_published_sizes(shape):
+    n_vocab, published, tolerance = PUBLISHED[shape]
+    s = shape_for(shape)
+    plan = planned_tensors(s, n_vocab)
+    params = sum(math.prod(t.shape) for t in plan if t.kind != "rope_freqs")
+    assert abs(params / published - 1) <= tolerance, params
+    if s.arch == "qwen35":  # every tensor is one the gguf library lists for qwen35
+        known = {TENSOR_NAMES[t].format(bid=i) for t in MODEL_TENSORS[MODEL_ARCH.QWEN35] for i in range(s.n_layer)}
+        assert {t.name.removesuffix(".weight").removesuffix(".bias") for t in plan} <= known
+        assert [s.is_recurrent(i) for i in range(s.n_layer)].count(False) == s.n_layer // s.full_attention_interval
+
+
+def test_command_line(tmp_path, smollm2_path, capsys):
+    out = tmp_path / "cli.gguf"
+    args = ["bench", "write-model", "llama-3.2-1b", str(out), "--type", "Q8_0", "--layers", "1",
+            "--tokenizer-from", str(smollm2_path), *[f"--shape-override={o}" for o in SMALL]]
+    assert lamplight_main(args) == 0
+    assert "Q8_0" in capsys.readouterr().out
+    assert GGUFFile(out).metadata["llama.block_count"] == 1
+    assert lamplight_main(["bench", "write-model", "llama-3.2-1b", str(out), "--shape-override", "n_embed=3"]) == 2
+    assert "n_embed" in capsys.readouterr().err
+    assert lamplight_main(["bench", "write-model", "llama-3.2-1b", str(out), "--shape-override", "n_embd=100",
+                           "--type", "Q4_0", "--tokenizer-from", str(smollm2_path)]) == 2
+    assert "not a multiple" in capsys.readouterr().err
