@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 
-from lamplight.serve_flags import add_serve_arguments, settings_from
+from lamplight.serve_flags import FlagError, FlagParser, add_serve_arguments, settings_from
 
 
 def serve_parser() -> argparse.ArgumentParser:
     """A parser of the serve flags alone (`serve run lamplight.distributed:build_app ...`)."""
-    parser = argparse.ArgumentParser(prog="lamplight serve")
+    parser = FlagParser(prog="lamplight serve", add_help=False)
     add_serve_arguments(parser)
     return parser
 
@@ -26,7 +26,26 @@ def engine_options(args: argparse.Namespace):
 
 
 def server_settings(args: argparse.Namespace):
+    """ServerSettings from the flags; FlagError for flags that contradict each other."""
     from lamplight.server.settings import RequestLimits, ServerSettings
 
-    return ServerSettings(**settings_from(args, "server"), limits=RequestLimits(**settings_from(args, "limits")),
+    server = settings_from(args, "server")
+    server["api_keys"] = (*server["api_keys"], *(args.api_key_file or ()))  # llama-server takes both
+    if server["grammar"] and server["json_schema"] is not None:
+        raise FlagError("--grammar and --json-schema: give one server-wide constraint, not both")
+    if bool(server["ssl_keyfile"]) != bool(server["ssl_certfile"]):
+        raise FlagError("--ssl-key-file and --ssl-cert-file: HTTPS needs both")
+    if args.reasoning == "off" and server["reasoning_budget"] == -1:
+        server["reasoning_budget"] = 0  # `-rea off`: no thinking, as --reasoning-budget 0
+    return ServerSettings(**server, log_level=log_level(args), limits=RequestLimits(**settings_from(args, "limits")),
                           sampling_defaults=settings_from(args, "sampling"))
+
+
+
+def log_level(args: argparse.Namespace) -> str:
+    """uvicorn's log level: --log-disable, else -v, else -lv's threshold (llama.cpp's levels)."""
+    if args.log_disable:
+        return "critical"
+    if args.verbose or args.verbosity >= 4:
+        return "debug"
+    return {0: "error", 1: "error", 2: "warning"}.get(args.verbosity, "info")

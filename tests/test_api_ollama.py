@@ -243,7 +243,7 @@ def test_errors_reach_the_official_client_and_the_server_keeps_serving(client):
     for call in (lambda: client.embed(model="m", input="x"), lambda: client.embeddings(model="m", prompt="x")):
         with pytest.raises(ollama.ResponseError) as error:
             call()
-        assert error.value.status_code == 501 and error.value.error == "embeddings are not served yet"
+        assert error.value.status_code == 501 and "--embeddings" in error.value.error  # not started for them
     for call in (lambda: client.copy("a", "b"), lambda: client.delete("m"), lambda: client.push("m")):
         with pytest.raises(ollama.ResponseError) as error:
             call()
@@ -492,3 +492,15 @@ def test_a_failure_mid_stream_is_a_last_error_line(scripted):
     assert error.value.error == "the engine failed"
     engine.script = script("Fine.", stop_type="eos")
     assert clients["hermes"].chat(model="m", messages=USER).message.content == "Fine."
+
+
+def test_keep_alive_is_told_to_the_router_in_seconds(http):
+    """In router mode the router sets the model's unload timer from this header (lamplight/router)."""
+    for keep_alive, seconds in (("5m", "300"), ("1h30m", "5400"), (0, "0"), (-1, "-1"), ("-1s", "-1")):
+        answer = http.post("/api/chat", json={"model": "m", "messages": USER, "stream": False, "keep_alive": keep_alive,
+                                              "options": {"num_predict": 1}})
+        assert answer.status_code == 200 and answer.headers["x-lamplight-unload-after"] == seconds, keep_alive
+    plain = http.post("/api/generate", json={"model": "m", "prompt": "hi", "stream": False, "options": {"num_predict": 1}})
+    assert "x-lamplight-unload-after" not in plain.headers
+    streamed = http.post("/api/generate", json={"model": "m", "prompt": "hi", "keep_alive": "2s", "options": {"num_predict": 1}})
+    assert streamed.headers["x-lamplight-unload-after"] == "2"

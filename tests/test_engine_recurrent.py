@@ -192,3 +192,27 @@ def test_a_failed_step_leaves_every_state_as_it_was(hybrid, monkeypatch):
         assert failures and together == alone
     finally:
         eng.stop()
+
+
+def test_the_start_up_line_states_the_checkpoints_memory(hybrid):
+    from lamplight.cli import checkpoint_line
+
+    eng = make_engine(hybrid)
+    try:
+        line = checkpoint_line(eng)
+        per_slot = eng.runner.state_spec.recurrent_bytes_per_sequence()
+        assert f"{per_slot / 2**20:.1f} MiB per slot" in line and "up to 4 checkpoints per slot every 16 tokens" in line
+    finally:
+        eng.stop()
+
+
+def test_checkpoints_that_cannot_fit_are_a_start_up_error_naming_the_flag(hybrid, monkeypatch):
+    import lamplight.engine.engine as engine_module
+
+    runner, _ = hybrid
+    spec = runner.state_spec
+    kv = spec.bytes_per_token() * 4096  # more than the KV of make_engine's 512 tokens needs
+    monkeypatch.setattr(engine_module, "available_memory_bytes", lambda device: kv)
+    with pytest.raises(MemoryError, match="--ctx-checkpoints"):
+        make_engine(hybrid, ctx_checkpoints=10**6)
+    make_engine(hybrid, ctx_checkpoints=0).stop()  # without checkpoints it fits

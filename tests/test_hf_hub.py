@@ -22,6 +22,7 @@ from lamplight.hf_hub import HubFile, available_quants, choose_gguf, parse_hf_sp
 from lamplight.sources import ModelSourceError
 
 REPO = "tester/Tiny-GGUF"
+VISION_REPO = "tester/Vision-GGUF"  # a model with projector files (--mmproj-auto)
 BIG, BIG_FILE = "tester/Big-GGUF", "big-Q4_K_M.gguf"
 
 
@@ -35,8 +36,9 @@ def hub(tiny_bytes):
     third = len(tiny_bytes) // 3
     parts = [tiny_bytes[:third], tiny_bytes[third:2 * third], tiny_bytes[2 * third:]]
     repos = {
-        REPO: FakeRepo({"tiny-Q8_0.gguf": tiny_bytes, "tiny-Q4_K_M.gguf": tiny_bytes, "README.md": b"# tiny",
-                        "mmproj-tiny-F16.gguf": b"not a model"}),
+        REPO: FakeRepo({"tiny-Q8_0.gguf": tiny_bytes, "tiny-Q4_K_M.gguf": tiny_bytes, "README.md": b"# tiny"}),
+        VISION_REPO: FakeRepo({"tiny-Q8_0.gguf": tiny_bytes, "mmproj-tiny-F16.gguf": b"not a model",
+                               "mmproj-tiny-Q8_0.gguf": b"not a model either"}),
         "tester/Split-GGUF": FakeRepo({f"Q8_0/tiny-Q8_0-{i:05d}-of-00003.gguf": part for i, part in enumerate(parts, 1)}),
         "tester/Gated-GGUF": FakeRepo({"tiny-Q4_K_M.gguf": tiny_bytes}, gated_token="hf_secret"),
         "tester/Corrupt-GGUF": FakeRepo({"tiny-Q4_K_M.gguf": tiny_bytes}, corrupt={"tiny-Q4_K_M.gguf"}),
@@ -269,3 +271,50 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# -- --mmproj-auto: the repository's projector comes with the model ----------------------------------
+
+def test_mmproj_choice_follows_the_models_quantization():
+    from lamplight.server.media_hub import cached_repo_of, choose_mmproj
+
+    names = ["a-Q4_K_M.gguf", "mmproj-a-F16.gguf", "mmproj-a-Q8_0.gguf", "mmproj-a-BF16.gguf"]
+    assert choose_mmproj(names, "a-Q8_0.gguf") == "mmproj-a-Q8_0.gguf"  # the model's own quantization
+    assert choose_mmproj(names, "a-Q4_K_M.gguf") == "mmproj-a-F16.gguf"  # else F16 first
+    assert choose_mmproj(names[:1], "a-Q4_K_M.gguf") is None
+    assert cached_repo_of("/h/hub/models--tester--Vision-GGUF/snapshots/0123/tiny-Q8_0.gguf") == VISION_REPO
+    assert cached_repo_of("/models/tiny-Q8_0.gguf") is None
+
+
+def test_serve_fetches_the_repositorys_projector(hub, tmp_path):
+    """-hf with a repository that has mmproj files: the matching one is downloaded and loaded
+    beside the model (here it is not a GGUF: a plain message naming it, exit status 1)."""
+    result = lamplight(["serve", "-hf", f"{VISION_REPO}:Q8_0", "--port", str(_free_port()), "--no-webui"], hub.url,
+                       tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "mmproj-tiny-Q8_0.gguf" in result.stderr and "--mmproj" in result.stderr
+    assert any(path.endswith("/mmproj-tiny-Q8_0.gguf") and method == "GET" for method, path, _ in hub.requests)
+    assert not any(path.endswith("/mmproj-tiny-F16.gguf") for _, path, _ in hub.requests)
+
+
+@pytest.mark.parametrize("flag", ["--no-mmproj-auto", "--no-mmproj"])
+def test_serve_without_the_repositorys_projector(hub, tmp_path, flag):
+    port = _free_port()
+    process = subprocess.Popen([sys.executable, "-m", "lamplight.cli", "serve", "-hf", f"{VISION_REPO}:Q8_0", flag,
+                                "--port", str(port), "-np", "1", "--no-webui"], env=_env(hub.url, tmp_path),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert process.poll() is None, process.stderr.read()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        assert httpx.get(f"http://127.0.0.1:{port}/props").json()["modalities"]["vision"] is False
+        assert not any("mmproj" in path for _, path, _ in hub.requests)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -31,8 +31,8 @@ def test_help_lists_every_flag_with_its_help_and_default(capsys):
             assert f"{name} " in words or f"{name}," in words, name
         # Without any white space: argparse may also break a line after a hyphen.
         assert "".join(flag.help_text().replace("%%", "%").split()) in "".join(text.split()), flag.names
-    assert "--temp TEMP default temperature (default: 0.8)" in words
-    assert "-np PARALLEL, --parallel PARALLEL number of slots (default: 4)" in words
+    assert "--temp N, --temperature N default temperature (default: 0.8) (env: LLAMA_ARG_TEMPERATURE)" in words
+    assert "-np N, --parallel N number of slots, -1 = auto (4) (default: 4) (env: LLAMA_ARG_N_PARALLEL)" in words
 
 
 def test_every_setting_a_flag_names_exists():
@@ -56,13 +56,13 @@ def test_records_take_their_defaults_from_the_flags():
 def test_sampling_flags_are_checked_by_the_sampling_table(capsys):
     args = build_parser().parse_args(["serve", "--seed", "-1", "--temp", "0", "--top-p", "1", "--top-k", "-5"])
     assert server_settings(args).sampling_defaults == {"seed": -1, "temperature": 0.0, "top_p": 1.0, "top_k": -5}
-    for flag, value, reason in (("--temp", "-1", "must be a number >= 0, got -1"),
+    for flag, value, reason in (("--temp/--temperature", "-1", "must be a number >= 0, got -1"),
                                 ("--top-p", "1.5", "must be a number in [0, 1], got 1.5"),
-                                ("--seed", "4294967296", "must be an integer in [-1, 4294967295]"),
+                                ("-s/--seed", "4294967296", "must be an integer in [-1, 4294967295], got 4294967296"),
                                 ("--top-k", "x", "must be an integer, got 'x'")):
         with pytest.raises(SystemExit):
-            build_parser().parse_args(["serve", flag, value])
-        assert f"argument {flag}: {reason}" in capsys.readouterr().err
+            build_parser().parse_args(["serve", flag.split("/")[-1], value])
+        assert capsys.readouterr().err == f"lamplight serve: error: argument {flag}: {reason}\n"
 
 
 def test_the_replicas_parser_reads_the_same_flags():
@@ -90,3 +90,20 @@ def test_nothing_below_the_cli_imports_it():
         assert "lamplight.cli" not in _imported_modules(path), path
     table = _imported_modules(package / "serve_flags.py")
     assert not {name for name in table if name.startswith(("lamplight.server", "lamplight.engine"))}
+
+
+def test_the_sampling_tables_flag_names_are_llama_servers_spellings():
+    """SamplingParams' entries name a flag for some fields; the serve table spells each so."""
+    from lamplight.sampling.params import SamplingParams
+    from lamplight.sampling.spec import sampling_fields
+
+    spellings = {flag.field: flag.names for flag in sampling_flags() if flag.record == "sampling"}
+    named = {name: spec.flag for name, spec in sampling_fields(SamplingParams) if spec.flag}
+    assert named and all(flag in spellings[name] for name, flag in named.items()), (named, spellings)
+
+
+def test_a_flag_is_implemented_accepted_or_refused_and_never_two():
+    for flag in (*SERVE_FLAGS, *sampling_flags()):
+        assert not (flag.note and flag.refused), flag.names
+        assert not (flag.refused and flag.to), flag.names  # a refused flag fills no setting
+        assert not (flag.own and (flag.note or flag.refused or flag.env)), flag.names

@@ -47,7 +47,7 @@ def test_serve_flags_use_llama_server_names():
     assert (args.model, args.ctx_size, args.parallel, args.batch_size, args.ubatch_size) == ("m.gguf", 512, 2, 256, 64)
     assert (args.n_predict, args.alias, args.api_key, args.threads, args.seed) == (16, "mine", "a,b", 2, 7)
     assert (args.temp, args.top_k, args.top_p, args.min_p, args.queue_size) == (0.5, 10, 0.9, 0.1, 3)
-    assert args.no_slots and args.metrics and args.context_shift and args.timeout == 30
+    assert not args.slots_endpoint and args.metrics and args.context_shift and args.timeout == 30
     assert (args.cache_type_k, args.cache_type_v) == ("f16", "bf16") and args.compile
     options = engine_options(args)
     assert (options.cache_type_k, options.cache_type_v, options.compile) == ("f16", "bf16", True)

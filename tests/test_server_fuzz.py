@@ -513,3 +513,110 @@ def test_fuzz_ollama_api(served, tmp_path, monkeypatch):
     cases = [ollama_case(rng) for _ in range(N_OLLAMA_REQUESTS)]
     ok = {"messages": [{"role": "user", "content": "the"}], "options": {"num_predict": 2}, "stream": False}
     fuzz_api(served, "ollama", cases, check_ollama_answer, ("/api/chat", ok, lambda body: body["done"] is True))
+
+# -- images (issue 23): prompt objects with multimodal_data, chat image_url parts --------------------
+
+N_IMAGE_REQUESTS = 160
+MARKER = "<__media__>"
+
+
+def image_values(rng: random.Random, images: list[str]) -> list:
+    """Image payloads and their odd neighbours: real images (base64), bytes that are not an image,
+    a decompression bomb's header, not base64, wrong types."""
+    import base64
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    bomb = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 90_000, 90_000, 8, 2, 0, 0, 0))
+    return [*images, *images, base64.b64encode(b"this is not an image").decode(), base64.b64encode(bomb).decode(),
+            "not base64!", "", "=" * 8, images[0][: len(images[0]) // 2], None, 5, [], {}, "\ud800", "x" * 5000]
+
+
+def image_url_values(rng: random.Random, images: list[str], media_dir: str) -> list:
+    data = [f"data:image/png;base64,{image}" for image in images]
+    return [*data, *data, images[0], "data:image/png,rawbytes", "data:;base64,", "data:image/png;base64,@@@",
+            f"file://{media_dir}/tiny.png", f"file://{media_dir}/../etc/passwd", "file:///etc/passwd",
+            f"file://{media_dir}/missing.png", "http://127.0.0.1:9/x.png", "https://example.com/a.png", "ftp://x/y",
+            "", None, 7, {"url": None}, ["x"]]
+
+
+def image_case(rng: random.Random, images: list[str], media_dir: str) -> tuple[str, str, bytes]:
+    if rng.random() < 0.5:
+        path = rng.choice(["/completion", "/completion", "/completions", "/v1/completions", "/infill", "/v1/embeddings"])
+        markers = rng.choice([0, 1, 1, 2, 3])
+        text = rng.choice(["a ", "", "picture: "]).join([""] + [MARKER] * markers) + rng.choice([" shows a", "", "\n"])
+        if rng.random() < 0.4:  # a well-formed request: one real image per marker
+            data = [rng.choice(images) for _ in range(markers)]
+        else:
+            data = [rng.choice(image_values(rng, images)) for _ in range(rng.choice([0, 1, 1, 2]))]
+        prompt: object = {"prompt_string": text, "multimodal_data": data}
+        if rng.random() < 0.1:
+            prompt = rng.choice([{"prompt_string": 5}, {"multimodal_data": images[:1]}, [prompt, "plain"], [prompt, prompt]])
+        if rng.random() < 0.1:
+            prompt["multimodal_data"] = rng.choice(image_values(rng, images))  # type: ignore[index]
+        body: dict = {"prompt": prompt, "n_predict": rng.choice([0, 1, 2]), "input_prefix": "def f(",
+                      "input": prompt}
+    else:
+        path = rng.choice(["/v1/chat/completions", "/apply-template", "/v1/chat/completions/input_tokens"])
+        parts = []
+        for _ in range(rng.choice([1, 2, 3])):
+            if rng.random() < 0.6:
+                url = rng.choice(image_url_values(rng, images, media_dir))
+                parts.append(rng.choice([{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "image_url", "image_url": url}, {"type": "image_url"},
+                                         {"type": "input_audio", "input_audio": {"data": "aGk="}}]))
+            else:
+                parts.append({"type": "text", "text": rng.choice(["What is it?", "", MARKER])})
+        body = {"messages": [{"role": "user", "content": parts}], "max_tokens": rng.choice([1, 2]),
+                "n": rng.choice([1, 1, 2])}
+    if rng.random() < 0.25:
+        body["stream"] = True
+    text = json.dumps(body)
+    return "POST", path, text.encode("utf-8", "surrogatepass")
+
+
+@pytest.fixture(scope="module")
+def vision_served(smollm2_path, tmp_path_factory):
+    """SmolLM2 with the reference mlp projector (../shared/reference/vision), --media-path."""
+    from conftest import reference_path
+    from test_server_support import serve
+
+    from lamplight.server.launcher import EngineOptions, build_engine, load_model
+
+    vision = reference_path("vision")
+    media = tmp_path_factory.mktemp("media")
+    (media / "tiny.png").write_bytes((vision / "images" / "tiny_8x8.png").read_bytes())
+    options = EngineOptions(n_ctx=4 * 512, n_parallel=4, n_ubatch=128, weights="fast",
+                            mmproj=str(vision / "mmproj" / "mmproj-mlp.gguf"), media_path=str(media))
+    loaded = load_model(str(smollm2_path), options)
+    engine = build_engine(loaded, options)
+    server = serve(loaded, engine)
+    try:
+        yield server, engine, vision, media
+    finally:
+        server.stop()
+        engine.stop()
+
+
+def check_image_answer(method: str, path: str, response: httpx.Response) -> str:
+    """check_answer's rules; /v1/embeddings answers 501 here (a server started without --embeddings)."""
+    if path == "/v1/embeddings" and response.status_code == 501:
+        return ""
+    return check_answer(method, path, response)
+
+
+@pytest.mark.real_model
+def test_fuzz_image_inputs(vision_served):
+    import base64
+
+    server, engine, vision, media = vision_served
+    images = [base64.b64encode((vision / "images" / name).read_bytes()).decode()
+              for name in ("tiny_8x8.png", "gray_50x70.png", "photo_120x90.jpg")]
+    rng = random.Random(SEED + 2323)
+    cases = [image_case(rng, images, str(media)) for _ in range(N_IMAGE_REQUESTS)]
+    ok = {"prompt": {"prompt_string": f"a {MARKER} shows a", "multimodal_data": images[:1]}, "n_predict": 2}
+    fuzz_api((server, engine), "images", cases, check_image_answer,
+             ("/completion", ok, lambda body: body["tokens_evaluated"] > 64))  # the image is 64 rows

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import base64
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import httpx
@@ -115,12 +118,14 @@ def slow_page(browser, slow_server):
     yield from _page(browser, slow_server)
 
 
-def _page(browser, server):
+def _page(browser, server, before_open=None):
     context = browser.new_context(viewport={"width": 1100, "height": 760}, accept_downloads=True)
     context.set_default_timeout(TIMEOUT_MS)
     page = context.new_page()
     errors = []
     page.on("pageerror", lambda error: errors.append(str(error)))
+    if before_open:
+        before_open(page)
     open_chat(page, server)
     yield page
     context.close()
@@ -423,3 +428,264 @@ def test_reasoning_progress_theme_and_phone_layout(page):
     screenshot(page, "09-phone-sidebar")
     page.click("#backdrop", position={"x": 370, "y": 400})
     page.wait_for_function(sidebar_hidden)
+
+
+# ---- images (issue 23) ---------------------------------------------------------------------------
+# The tiny model has no vision projector: the page is told it has one by routing /props, and the
+# chat request is answered with a canned stream where a test checks what the page sends. The real
+# server's refusal of an image is tested as such.
+
+
+def png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
+    """A solid-colour RGB PNG, small enough to pass to the page inline."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    rows = b"".join(b"\x00" + bytes(rgb) * width for _ in range(height))  # filter byte 0 per row
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+RED, GREEN, BLUE = png(64, 48, (220, 30, 30)), png(40, 40, (30, 180, 60)), png(30, 60, (40, 70, 220))
+
+
+def data_url(image: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(image).decode()
+
+
+def file_spec(name: str, content: bytes | None = None, kind: str = "image/png", size: int = 0) -> dict:
+    """A file for the page to build: `content`, or `size` zero bytes made in the page (a big file
+    need not cross from Python)."""
+    return {"name": name, "type": kind, "b64": base64.b64encode(content).decode() if content else "", "size": size}
+
+
+# Builds a DataTransfer holding the files (and text) and dispatches `kind` on `selector`; returns
+# whether the page took the event (preventDefault).
+DISPATCH_JS = """([selector, kind, files, text]) => {
+    const transfer = new DataTransfer();
+    for (const f of files) {
+        const bytes = f.b64 ? Uint8Array.from(atob(f.b64), (c) => c.charCodeAt(0)) : new Uint8Array(f.size);
+        transfer.items.add(new File([bytes], f.name, {type: f.type}));
+    }
+    if (text) transfer.setData('text/plain', text);
+    const target = document.querySelector(selector);
+    const init = {bubbles: true, cancelable: true};
+    if (kind === 'paste') return !target.dispatchEvent(new ClipboardEvent('paste', {...init, clipboardData: transfer}));
+    target.dispatchEvent(new DragEvent('dragover', {...init, dataTransfer: transfer}));
+    return !target.dispatchEvent(new DragEvent('drop', {...init, dataTransfer: transfer}));
+}"""
+
+
+def paste(page, files: list[dict], text: str | None = None) -> bool:
+    return page.evaluate(DISPATCH_JS, ["#input", "paste", files, text])
+
+
+def drop(page, files: list[dict], selector: str = "#input") -> bool:
+    return page.evaluate(DISPATCH_JS, [selector, "drop", files, None])
+
+
+def attach(page, name: str, content: bytes) -> None:
+    page.set_input_files("#attach-input", files=[{"name": name, "mimeType": "image/png", "buffer": content}])
+
+
+def image_sources(page, selector: str) -> list[str]:
+    """The data URLs shown by the images under `selector`, once every one has loaded."""
+    page.wait_for_function("""(selector) => {
+        const images = [...document.querySelectorAll(selector + ' img')];
+        return images.length && images.every((image) => image.complete && image.naturalWidth > 0);
+    }""", arg=selector)
+    return page.eval_on_selector_all(selector + " img", "images => images.map((image) => image.src)")
+
+
+STORED_IMAGES_JS = """() => new Promise((resolve, reject) => {
+    const opening = indexedDB.open('lamplight');
+    opening.onerror = () => reject(opening.error);
+    opening.onsuccess = () => {
+        const counting = opening.result.transaction('images').objectStore('images').count();
+        counting.onsuccess = () => resolve(counting.result);
+    };
+})"""
+
+
+def wait_for_stored_images(page, count: int) -> None:
+    """Waits until the page's IndexedDB holds `count` images (pruning runs in the background)."""
+    deadline = time.monotonic() + 10
+    while (stored := page.evaluate(STORED_IMAGES_JS)) != count:
+        assert time.monotonic() < deadline, f"{stored} images stored, expected {count}"
+        time.sleep(0.05)
+
+
+def _props_with_vision(route) -> None:
+    response = route.fetch()
+    props = response.json()
+    props["modalities"] = {**props.get("modalities", {}), "vision": True}
+    route.fulfill(response=response, json=props)
+
+
+@pytest.fixture
+def vision_page(browser, server):
+    """The chat page, told by /props that the model takes images."""
+    yield from _page(browser, server, before_open=lambda page: page.route("**/props", _props_with_vision))
+
+
+class CannedChat:
+    """Answers /v1/chat/completions with a short stream and keeps each request body."""
+
+    def __init__(self, page, reply: str = "A coloured rectangle."):
+        self.bodies: list[dict] = []
+        chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": reply}}]},
+                  {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+        self.stream = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+        page.route("**/v1/chat/completions", self.answer)
+
+    def answer(self, route) -> None:
+        self.bodies.append(route.request.post_data_json)
+        route.fulfill(status=200, headers={"Content-Type": "text/event-stream"}, body=self.stream)
+
+    def last_user_content(self):
+        return [m for m in self.bodies[-1]["messages"] if m["role"] == "user"][-1]["content"]
+
+
+def image_part(image: bytes) -> dict:
+    return {"type": "image_url", "image_url": {"url": data_url(image)}}
+
+
+def test_images_attach_paste_drop_thumbnails_and_removal(vision_page):
+    page = vision_page
+    assert page.is_visible("#attach")
+    attach(page, "red.png", RED)
+    page.wait_for_selector("#attachments .thumb")
+    assert paste(page, [file_spec("green.png", GREEN)])  # an image-only paste is the page's to take
+    page.wait_for_function("document.querySelectorAll('#attachments .thumb').length === 2")
+    drop(page, [file_spec("blue.png", BLUE), file_spec("notes.txt", b"hello", kind="text/plain")])
+    page.wait_for_function("document.querySelectorAll('#attachments .thumb').length === 3")
+    assert image_sources(page, "#attachments") == [data_url(RED), data_url(GREEN), data_url(BLUE)]
+    assert page.inner_text("#composer-notice") == "notes.txt is not an image (text/plain)."
+    screenshot(page, "10-images-pending")
+
+    page.click("#attachments .thumb:nth-child(2) .remove-image")
+    page.wait_for_function("document.querySelectorAll('#attachments .thumb').length === 2")
+    assert image_sources(page, "#attachments") == [data_url(RED), data_url(BLUE)]
+
+    drop(page, [file_spec("huge.png", size=11 * 2**20)])  # over the 10 MiB limit: refused, said so
+    page.wait_for_function("document.getElementById('composer-notice').textContent.includes('huge.png')")
+    assert page.inner_text("#composer-notice") == "huge.png is 11.0 MiB: images over 10 MiB are refused."
+    # A clipboard with plain text beside the image (a spreadsheet's cells) pastes the text too.
+    assert not paste(page, [file_spec("cells.png", GREEN)], text="a\tb")
+    page.wait_for_function("document.querySelectorAll('#attachments .thumb').length === 3")
+
+
+def test_images_are_sent_as_parts_shown_kept_after_reload_and_resent(vision_page):
+    page = vision_page
+    chat = CannedChat(page)
+    send(page, "Hello")
+    wait_for_reply(page)
+    assert chat.last_user_content() == "Hello"  # a text-only message stays a plain string
+
+    attach(page, "red.png", RED)
+    drop(page, [file_spec("blue.png", BLUE)])
+    page.wait_for_function("document.querySelectorAll('#attachments .thumb').length === 2")
+    send(page, "What colours are these?")
+    wait_for_reply(page, index=3)
+    parts = [{"type": "text", "text": "What colours are these?"}, image_part(RED), image_part(BLUE)]
+    assert chat.last_user_content() == parts
+    assert chat.bodies[-1]["messages"][0] == {"role": "user", "content": "Hello"}
+    assert page.is_hidden("#attachments")  # sent: the composer is empty again
+    bubble = '.message.user[data-index="2"]'
+    assert image_sources(page, bubble) == [data_url(RED), data_url(BLUE)]
+    screenshot(page, "11-image-in-conversation")
+
+    page.click(f"{bubble} .view-image >> nth=0")  # full size in a dialog
+    page.wait_for_selector("#image-viewer[open]")
+    assert page.eval_on_selector("#viewer-image", "image => [image.naturalWidth, image.naturalHeight]") == [64, 48]
+    screenshot(page, "12-image-viewer")
+    page.keyboard.press("Escape")
+    page.wait_for_selector("#image-viewer", state="hidden")
+
+    page.reload()
+    assert image_sources(page, bubble) == [data_url(RED), data_url(BLUE)]  # kept by the browser
+    # ... in IndexedDB: the conversations in localStorage name the images, they do not hold them.
+    stored = page.evaluate("localStorage.getItem('lamplight.conversations')")
+    assert "base64" not in stored and len(json.loads(stored)[0]["messages"][2]["images"]) == 2
+
+    page.click('.message.assistant[data-index="3"] .regenerate')
+    wait_for_reply(page, index=3)
+    assert chat.last_user_content() == parts
+
+    page.click(f"{bubble} .edit-message")
+    page.wait_for_function(f"document.querySelectorAll('{bubble} .editor .thumb').length === 2")
+    page.click(f"{bubble} .editor .thumb >> nth=0 >> .remove-image")
+    page.fill(f"{bubble} textarea", "And this one?")
+    page.click(f"{bubble} .resend")
+    wait_for_reply(page, index=3)
+    assert chat.last_user_content() == [{"type": "text", "text": "And this one?"}, image_part(BLUE)]
+    assert image_sources(page, bubble) == [data_url(BLUE)]
+
+    page.click("#new-chat")  # an image alone: no text part
+    attach(page, "green.png", GREEN)
+    page.wait_for_selector("#attachments .thumb")
+    page.click("#send")
+    wait_for_reply(page)
+    assert chat.last_user_content() == [image_part(GREEN)]
+    assert page.inner_text("#title") == "Image"
+    wait_for_stored_images(page, 3)  # red, blue, green; red is no longer named by any message...
+    page.reload()
+    wait_for_stored_images(page, 2)  # ... and is deleted when the page next opens
+
+
+def test_images_travel_in_an_export(vision_page, browser, server, tmp_path):
+    page = vision_page
+    CannedChat(page)
+    attach(page, "red.png", RED)
+    page.wait_for_selector("#attachments .thumb")
+    send(page, "Look")
+    wait_for_reply(page)
+    with page.expect_download() as download:
+        page.click("#export")
+    exported = tmp_path / "export.json"
+    download.value.save_as(exported)
+    (saved,) = json.loads(exported.read_text())["conversations"]
+    assert saved["messages"][0]["images"] == [data_url(RED)]  # the image itself, not this browser's id
+    wait_for_stored_images(page, 1)
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#conversation-list li.active .delete-conversation")
+    wait_for_stored_images(page, 0)  # a deleted conversation's images go with it
+
+    fresh = browser.new_context()
+    other = fresh.new_page()
+    open_chat(other, server)
+    other.set_input_files("#import", str(exported))
+    other.wait_for_selector('.message.user[data-index="0"]')
+    assert image_sources(other, '.message.user[data-index="0"]') == [data_url(RED)]
+    other.reload()
+    assert image_sources(other, '.message.user[data-index="0"]') == [data_url(RED)]
+    fresh.close()
+
+
+def test_without_vision_images_are_refused(page, server):
+    assert httpx.get(server + "/props").json()["modalities"]["vision"] is False  # no projector
+    assert page.is_hidden("#attach")
+    paste(page, [file_spec("green.png", GREEN)])
+    page.wait_for_selector("#composer-notice:not([hidden])")
+    assert "cannot take images" in page.inner_text("#composer-notice")
+    page.evaluate("document.getElementById('composer-notice').hidden = true")
+    drop(page, [file_spec("red.png", RED)])
+    page.wait_for_selector("#composer-notice:not([hidden])")
+    assert "cannot take images" in page.inner_text("#composer-notice")
+    page.evaluate("document.getElementById('composer-notice').hidden = true")
+    assert not paste(page, [file_spec("cells.png", GREEN)], text="a\tb")  # the text alone, no complaint
+    page.wait_for_timeout(100)
+    assert page.is_hidden("#composer-notice")
+    assert page.locator("#attachments .thumb").count() == 0
+    screenshot(page, "13-no-vision")
+
+
+def test_the_servers_refusal_of_an_image_is_shown(vision_page):
+    # The page believes the model takes images; the real server, with no projector, answers 400.
+    page = vision_page
+    attach(page, "red.png", RED)
+    page.wait_for_selector("#attachments .thumb")
+    send(page, "What is this?")
+    error = page.wait_for_selector(".message.assistant .error")
+    assert error.inner_text().startswith("400 ")
+    assert image_sources(page, '.message.user[data-index="0"]') == [data_url(RED)]
+    screenshot(page, "14-image-refused-400")

@@ -4,6 +4,9 @@ outside the folder. The page's behaviour is tested in a real browser in test_web
 
 from __future__ import annotations
 
+import math
+import re
+
 import httpx
 import pytest
 from test_server_support import ServerThread
@@ -94,3 +97,37 @@ def test_vendored_files_are_documented():
     for path in vendor.glob("*.*"):
         if path.name != "VERSIONS.md":
             assert f"`{path.name}`" in notes, path.name
+
+
+def _module_imports(path) -> list[str]:
+    """The relative paths a page module imports (`import ... from "./x.js"`)."""
+    return re.findall(r'^\s*(?:import|export)\b[^;]*?\bfrom\s+"(\.{1,2}/[^"]+)"', path.read_text(), re.MULTILINE | re.DOTALL)
+
+
+def test_every_module_the_page_imports_is_served(keyed):
+    # A module missing from the folder (a new file left out of a package) breaks the whole page.
+    (entry,) = re.findall(r'<script type="module" src="([^"]+)">', (BUILT_IN_ROOT / "index.html").read_text())
+    seen, todo = set(), [BUILT_IN_ROOT / entry]
+    while todo:
+        path = todo.pop().resolve()
+        if path in seen:
+            continue
+        seen.add(path)
+        response = httpx.get(keyed.url + "/" + path.relative_to(BUILT_IN_ROOT).as_posix())
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/javascript"), path
+        todo += [path.parent / name for name in _module_imports(path)]
+    assert BUILT_IN_ROOT / "js" / "images.js" in seen
+
+
+def test_the_image_limit_fits_the_servers_default_body_limit():
+    # The page refuses an image over MAX_IMAGE_MIB; one at the limit, base64 in a data: URL inside
+    # the JSON body, must not meet the server's 413.
+    (mib,) = re.findall(r"export const MAX_IMAGE_MIB = (\d+);", (BUILT_IN_ROOT / "js" / "images.js").read_text())
+    encoded = 4 * math.ceil(int(mib) * 2**20 / 3) + 4096  # the data URL and the rest of the body
+    assert encoded < ServerSettings().limits.max_body_bytes
+
+
+def test_the_attach_input_takes_several_images():
+    page = (BUILT_IN_ROOT / "index.html").read_text()
+    (attach,) = re.findall(r'<input id="attach-input"[^>]*>', page)
+    assert 'accept="image/*"' in attach and " multiple" in attach and " hidden" in attach

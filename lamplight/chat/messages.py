@@ -7,7 +7,9 @@ Decisions (mirroring llama-server's `common_chat_msgs_parse_oaicompat` where it 
   `content` or `tool_calls`, and a null `content` is kept as None here (the capability probes
   render it so); the template gets "" instead (adapt_to_caps), as llama-server renders it.
 - text parts are joined with "\n" exactly as llama.cpp concatenates typed text; image/audio/video
-  parts raise MultimodalNotSupported.
+  parts raise MultimodalNotSupported, unless the server has a vision model: then each image part
+  becomes the media marker first (with_media_markers), with no newline next to a marker, as
+  llama-server renders `["Compare", image, "with"]` as "Compare<__media__>with".
 - only the keys llama.cpp forwards reach the template, in its order: role, content,
   reasoning_content (+ its `thinking` alias for gpt-oss templates), name, tool_call_id, tool_calls.
 - tool_calls `function.arguments` given as a JSON string holding an object are parsed (templates
@@ -88,6 +90,60 @@ def _text_of_part(where: str, part: Any) -> str:
     if not isinstance(part.get("text"), str):
         raise ChatTemplateError(f"{where} (type 'text') must have a string 'text'")
     return part["text"]
+
+
+IMAGE_PART_TYPES = ("image_url", "image")
+
+
+def chat_media_parts(messages: Any) -> list[tuple[str, dict]]:
+    """(where, part) of every media part of `messages`, in message order (the order of the
+    markers with_media_markers renders); MultimodalNotSupported for audio and video parts."""
+    found = []
+    for index, message in enumerate(messages if isinstance(messages, list) else []):
+        content = message.get("content") if isinstance(message, dict) else None
+        for p, part in enumerate(content if isinstance(content, list) else []):
+            kind = part.get("type") if isinstance(part, dict) else None
+            where = f"messages[{index}].content[{p}]"
+            if kind in IMAGE_PART_TYPES:
+                found.append((where, part))
+            elif kind in MEDIA_PART_TYPES:
+                raise MultimodalNotSupported(f"{kind} input is not supported: the model's projector takes images "
+                                             f"only ({where})")
+    return found
+
+
+def image_url_of(part: dict, where: str) -> str:
+    """An image part's URL: `image_url: {url}` (OpenAI), or a string."""
+    value = part.get("image_url", part.get("image"))
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str):
+        raise ChatTemplateError(f"{where} (type '{part.get('type')}') must have an image_url with a string 'url'")
+    return url
+
+
+def with_media_markers(messages: Any, marker: str) -> Any:
+    """`messages` with each content array that holds images as one string: its image parts
+    are `marker`, text parts joined with "\n" only where two text parts meet (llama-server's
+    rendering). Other messages are kept as they are (normalize_messages checks them)."""
+    if not isinstance(messages, list):
+        return messages
+    return [_with_markers(message, marker) for message in messages]
+
+
+def _with_markers(message: Any, marker: str) -> Any:
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list) or not any(
+            isinstance(part, dict) and part.get("type") in IMAGE_PART_TYPES for part in content):
+        return message
+    text, previous_was_text = "", False
+    for index, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") in IMAGE_PART_TYPES:
+            text, previous_was_text = text + marker, False
+            continue
+        piece = _text_of_part(f"content[{index}]", part)
+        text = f"{text}\n{piece}" if previous_was_text and text else text + piece
+        previous_was_text = True
+    return {**message, "content": text}
 
 
 def _tool_calls(where: str, tool_calls: Any) -> list[dict]:

@@ -146,6 +146,15 @@ def _scope(request: dict) -> Scope:
             "client": request.get("client"), "server": request.get("server")}
 
 
+def app_path(scope: Scope) -> str:
+    """The request's path below its application's route prefix (router mode deploys each model
+    under its own, `/lamplight-NAME`): what a lamplight server on its own would have been asked."""
+    path, prefix = scope["path"], scope.get("root_path", "")
+    if prefix and (path == prefix or path.startswith(prefix + "/")):
+        return path[len(prefix):] or "/"
+    return path
+
+
 class ForwardedResponse(Response):
     """Relays a replica's ASGI messages: `start` (http.response.start), `first` (the first
     http.response.body), then the rest of `stream`."""
@@ -237,15 +246,15 @@ class Ingress:
         body = await self._body(request)
         if isinstance(body, Response):
             return body
-        raw = {"method": request.method, "path": request.url.path, "headers": list(request.headers.raw),
+        raw = {"method": request.method, "path": app_path(request.scope), "headers": list(request.headers.raw),
                "query_string": request.url.query.encode("latin-1"),
                "client": tuple(request.client) if request.client else None, "server": None}
         target = request.query_params.get("replica")
-        if request.url.path in HEALTH_PATHS and not target:
+        if raw["path"] in HEALTH_PATHS and not target:
             return await self._health(raw)
-        if request.url.path == "/metrics" and not target and request.method == "GET":
+        if raw["path"] == "/metrics" and not target and request.method == "GET":
             return await self._metrics(raw)
-        if request.url.path.startswith("/slots") and request.method != "OPTIONS":
+        if raw["path"].startswith("/slots") and request.method != "OPTIONS":
             if not target:
                 ids = await self._replica_ids()
                 return ApiError(400, "with replicas, /slots addresses one replica: add ?replica=ID "

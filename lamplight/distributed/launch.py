@@ -28,7 +28,6 @@ def run_replicas(args) -> int:
     if args.ray_address:
         use_cluster_token()  # before Ray reads its configuration
     try:
-        import ray
         from ray import serve
     except ImportError:
         _say("error: --replicas needs Ray Serve: pip install -c constraints.txt -e '.[ray]'")
@@ -54,16 +53,9 @@ def run_replicas(args) -> int:
     previous = signal.getsignal(signal.SIGTERM)
     started = time.monotonic()
     try:
-        if local:
-            # address="local": a new instance, even where `ray start` left a cluster address behind.
-            ray.init(address="local", num_cpus=cpus, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False,
-                     log_to_driver=False, logging_level="WARNING")
-        else:
-            ray.init(address=args.ray_address, log_to_driver=False, logging_level="WARNING")
+        init_ray(args.ray_address)
         signal.signal(signal.SIGTERM, _stop)  # after ray.init, which installs its own
-        serve.start(http_options={"host": args.host, "port": args.port,
-                                  "keep_alive_timeout_s": max(1, int(args.idle_timeout))},
-                    proxy_location="HeadOnly")
+        start_serve(args.host, args.port, args.idle_timeout)
         _say(f"starting {args.replicas} replica(s) of {args.model}, {threads} thread(s) each, on "
              f"{'a local Ray instance' if local else args.ray_address}")
         serve.run(build_application(spec, args.replicas, args.route_imbalance, args.route_block_chars, num_cpus,
@@ -81,18 +73,59 @@ def run_replicas(args) -> int:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the shutdown short
         _say("shutting down the replicas")
-        started_here = descendants(os.getpid()) if local else []
         try:
-            if ray.is_initialized():
-                if local:
-                    serve.shutdown()
-                else:
-                    serve.delete(APP_NAME)
+            shutdown_ray(local, [APP_NAME])
         finally:
-            ray.shutdown()
-            reap(started_here)
             signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def init_ray(address: str | None) -> None:
+    """Join the cluster at `address`, or (None) start a local Ray instance sized for this machine."""
+    import ray
+
+    if address:
+        ray.init(address=address, log_to_driver=False, logging_level="WARNING")
+    else:  # address="local": a new instance, even where `ray start` left a cluster address behind.
+        ray.init(address="local", num_cpus=os.cpu_count() or 1, object_store_memory=OBJECT_STORE_BYTES,
+                 include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+
+
+def start_serve(host: str, port: int, idle_timeout: float) -> None:
+    """Ray Serve's controller and its HTTP proxy on host:port (on the head node). A cluster whose
+    Serve already runs keeps its own proxy: serve_http_address says where it is."""
+    from ray import serve
+
+    serve.start(http_options={"host": host, "port": port, "keep_alive_timeout_s": max(1, int(idle_timeout))},
+                proxy_location="HeadOnly")
+
+
+def serve_http_address() -> tuple[str, int]:
+    """Where Ray Serve's HTTP proxy listens, as a client on this machine reaches it."""
+    from ray.serve.context import _get_global_client
+
+    http = _get_global_client().get_serve_details().get("http_options") or {}
+    host = http.get("host") or "127.0.0.1"
+    return ("127.0.0.1" if host in ("0.0.0.0", "::", "") else host), int(http.get("port") or 8000)
+
+
+def shutdown_ray(local: bool, app_names: list[str]) -> None:
+    """A local instance: Serve and Ray shut down, and every process they left behind ended. A
+    cluster: only `app_names` deleted, the cluster and its Serve left running."""
+    import ray
+    from ray import serve
+
+    started_here = descendants(os.getpid()) if local else []
+    try:
+        if ray.is_initialized():
+            if local:
+                serve.shutdown()
+            else:
+                for name in app_names:
+                    serve.delete(name)
+    finally:
+        ray.shutdown()
+        reap(started_here)
 
 
 def use_cluster_token() -> None:

@@ -3,7 +3,9 @@
 HTTP handlers call `submit()` (thread-safe) and read events from the returned handle on their
 event loop; the model never runs on the event loop thread. Each step decodes one token for
 every generating sequence and fills the rest of the step's token budget (`n_ubatch`) with
-prompt chunks of new requests, so a long prompt never stalls running streams.
+prompt chunks of new requests, so a long prompt never stalls running streams. Image rows
+(GenerationRequest.media, encoded before submit) ride in their prompt chunks as given rows; a
+chunk never splits a non-causal image (Sequence.prompt_chunk_end).
 
 Modules around this one: scheduler (the waiting queue and fair admission), slots, handle (the
 caller's side of a request), lora_sets, slot_actions (save/restore/erase), views (/slots JSON).
@@ -47,6 +49,7 @@ from .types import (
     GenerationRequest,
     InvalidRequestError,
     PromptProgress,
+    is_placeholder,
 )
 
 __all__ = ["Engine", "RequestHandle", "Slot", "common_prefix"]
@@ -146,7 +149,9 @@ class Engine:
         if n_prompt >= self.n_ctx_slot:
             raise ContextExceededError(n_prompt, self.n_ctx_slot)
         vocab = self.runner.config.vocab_size
-        bad = next((t for t in request.prompt_tokens if not 0 <= t < vocab), None)
+        media_positions = check_media(request, self.runner.config.n_embd)
+        bad = next((t for i, t in enumerate(request.prompt_tokens) if not 0 <= t < vocab and i not in media_positions),
+                   None)
         if bad is not None:
             raise InvalidRequestError(f"prompt token id {bad} is out of range [0, {vocab})")
         budget = request.reasoning_budget
@@ -300,6 +305,7 @@ class Engine:
         same_lora = slot.cached_lora == seq.handle.lora_key
         keep = common_prefix(slot.cached_tokens, request.prompt_tokens) if request.cache_prompt and same_lora else 0
         keep = min(keep, seq.n_prompt - 1)  # always evaluate at least one prompt token for its logits
+        keep = seq.reusable_prefix(keep)
         if self.checkpoints is not None:
             keep = self._resume_recurrent(slot, keep)
         slot.table.truncate(keep)
@@ -414,10 +420,11 @@ class Engine:
             end = start + min(seq.pending_prompt(), budget)
             if self.checkpoints is not None:
                 end = self.checkpoints.chunk_end(start, end)
+            end = seq.prompt_chunk_end(start, end)
             seq.table.make_last_block_private()  # the cached prefix may end in a block shared with another slot
             seq.table.reserve(end)
             chunk = SequenceChunk(seq.tokens[start:end], start, seq.table.slots(0, end), need_logits=end == seq.n_prompt,
-                                  state_slot=seq.slot_id)
+                                  state_slot=seq.slot_id, given_rows=seq.given_rows(start, end))
             plan.append((seq, chunk))
             budget -= end - start
         return plan
@@ -479,7 +486,7 @@ class Engine:
         return targets if seq.request.n_predict != 0 else []
 
     def _accept_prompt(self, seq: Sequence) -> None:
-        seq.sampler.accept_many(seq.tokens[: seq.n_prompt], is_generated=False)
+        seq.sampler.accept_many(seq.text_prompt_tokens(), is_generated=False)
 
     def _progress(self, seq: Sequence) -> None:
         handle = seq.handle
@@ -541,6 +548,25 @@ class Engine:
                 slot.cached_tokens = seq.tokens[: seq.n_computed]
                 slot.last_used = now
         self._wake()
+
+
+def check_media(request: GenerationRequest, n_embd: int) -> set[int]:
+    """The prompt positions the request's media spans cover (InvalidRequestError if they
+    overlap, leave the prompt, have the wrong width or lack their placeholder ids there)."""
+    covered: set[int] = set()
+    end = 0
+    for span in request.media:
+        if span.start < end or span.end > len(request.prompt_tokens) or span.n_rows == 0:
+            raise InvalidRequestError(f"media rows at positions [{span.start}, {span.end}) overlap others or leave "
+                                      f"the prompt of {len(request.prompt_tokens)} tokens")
+        if tuple(span.rows.shape[1:]) != (n_embd,):
+            raise InvalidRequestError(f"media rows of shape {tuple(span.rows.shape)}: the model's width is {n_embd}")
+        if any(not is_placeholder(t) for t in request.prompt_tokens[span.start:span.end]):
+            raise InvalidRequestError(f"the prompt's token ids at media positions [{span.start}, {span.end}) are not "
+                                      "placeholders")
+        covered.update(range(span.start, span.end))
+        end = span.end
+    return covered
 
 
 def available_memory_bytes(device: str) -> int | None:

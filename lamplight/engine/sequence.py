@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 
 from .kv_cache import BlockTable
 from .stopping import StopMatcher
+from ..models.batch import GivenRows
 from ..sampling import ReasoningBudget, TokenProbs
-from .types import FinalEvent, GenerationRequest, Timings, TokenEvent
+from .types import FinalEvent, GenerationRequest, Timings, TokenEvent, is_placeholder
 
 if TYPE_CHECKING:
     from ..sampling import SequenceSampler
@@ -74,6 +75,40 @@ class Sequence:
 
     def pending_prompt(self) -> int:
         return self.n_prompt - self.n_computed
+
+    # -- media rows (images) in the prompt -----------------------------------------------------
+
+    def given_rows(self, start: int, end: int) -> tuple[GivenRows, ...]:
+        """The media rows at prompt positions [start, end), counted from `start`."""
+        rows = []
+        for span in self.request.media:
+            lo, hi = max(span.start, start), min(span.end, end)
+            if lo < hi:
+                rows.append(GivenRows(lo - start, span.rows[lo - span.start:hi - span.start], span.non_causal))
+        return tuple(rows)
+
+    def prompt_chunk_end(self, start: int, end: int) -> int:
+        """`end` for a prompt chunk from `start`, moved so that the chunk never splits a
+        non-causal span (its rows see each other, so they are computed together): back to the
+        span's start, or, for a chunk that starts with the span, on to its end (past the step's
+        token budget if need be, as llama.cpp decodes such an image in one batch)."""
+        for span in self.request.media:
+            if span.non_causal and span.start < end < span.end:
+                return span.start if span.start > start else span.end
+        return end
+
+    def reusable_prefix(self, keep: int) -> int:
+        """The longest prefix of at most `keep` cached positions a chunk can resume after: never
+        inside a non-causal span (its rows are recomputed together)."""
+        for span in self.request.media:
+            if span.non_causal and span.start < keep < span.end:
+                return span.start
+        return keep
+
+    def text_prompt_tokens(self) -> list[int]:
+        """The prompt's token ids without media placeholders: what the samplers' histories hold
+        (llama.cpp accepts no token for an image position)."""
+        return [t for t in self.tokens[: self.n_prompt] if not is_placeholder(t)]
 
     # -- token processing ----------------------------------------------------------------------
 

@@ -2,10 +2,49 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..sampling import SamplingParams, TokenProbs
+
+# Media rows take prompt positions whose token ids are placeholders: negative, so that no
+# vocabulary id is one, and derived from the media's content, so that the prefix cache (which
+# compares token ids) hits for the same image again and misses for another one.
+_ROW_BITS = 20  # rows per media span: up to 2^20
+
+
+def placeholder_ids(content_hash: str, n_rows: int) -> list[int]:
+    """The placeholder token ids of a media span's rows: unique per (content, row)."""
+    if n_rows > 1 << _ROW_BITS:
+        raise ValueError(f"a media span of {n_rows} rows is more than {1 << _ROW_BITS}")
+    key = int.from_bytes(hashlib.sha256(content_hash.encode()).digest()[:5], "big")  # 40 bits
+    base = key << _ROW_BITS
+    return [-1 - (base | row) for row in range(n_rows)]
+
+
+def is_placeholder(token_id: int) -> bool:
+    return token_id < 0
+
+
+@dataclass(frozen=True, eq=False)
+class MediaSpan:
+    """Rows that replace token embeddings at prompt positions [start, start + n_rows): an
+    image's projector output (lamplight.vision). `non_causal`: the rows attend to each other
+    both ways (gemma3), so they are always computed in one chunk."""
+
+    start: int
+    rows: Any  # torch.Tensor float32 [n_rows, n_embd]
+    non_causal: bool
+    content_hash: str
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.rows.shape[0])
+
+    @property
+    def end(self) -> int:
+        return self.start + self.n_rows
 
 
 class EngineError(RuntimeError):
@@ -61,6 +100,9 @@ class GenerationRequest:
     # The request's effective parameters as the server reports them (generation_settings); the
     # engine only echoes them in /slots.
     settings: dict | None = None
+    # Image rows at prompt positions, in position order; prompt_tokens holds their placeholder
+    # ids (placeholder_ids) there.
+    media: tuple[MediaSpan, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,10 @@ their K/V is written in the paged pool). Attention is computed per *group*: all 
 (decode) sequences form one group; each prompt chunk forms its own group. Inside a group the
 queries and keys of each sequence are padded to a common length and masked, so one attention
 call serves the group. The masks are built once per step and shared by all layers.
+
+A chunk may carry given rows (GivenRows: an image's embeddings at some of its positions), which
+replace those rows' token embeddings; a non-causal span of them is masked so that its rows see
+each other both ways.
 """
 
 from __future__ import annotations
@@ -21,6 +25,22 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+
+
+@dataclass(frozen=True, eq=False)
+class GivenRows:
+    """Embeddings given for rows [first, first + n) of a chunk (counted from the chunk's first
+    token): they replace the token embeddings as they are, without the model's embedding scale
+    (an image's projector rows). `non_causal`: these rows attend to each other both ways (gemma3's
+    image rows; text stays causal), so the chunk must hold all of them."""
+
+    first: int
+    values: torch.Tensor  # float32 [n, n_embd]
+    non_causal: bool = False
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.values.shape[0])
 
 
 @dataclass(frozen=True)
@@ -40,6 +60,7 @@ class SequenceChunk:
     need_logits: bool = True  # usually only the last chunk of a prompt, or a decode token
     all_logits: bool = False  # logits for every token of the chunk (teacher forcing, scoring)
     state_slot: int = 0
+    given_rows: tuple[GivenRows, ...] = field(default=(), compare=False)  # media rows, in row order
 
 
 @dataclass
@@ -92,8 +113,12 @@ class ForwardBatch:
     kv_write_slots: torch.Tensor  # [T] pool index where each token's K/V is stored
     logit_rows: torch.Tensor  # [N] rows whose logits are returned, in chunk order
     chunks: Sequence[SequenceChunk]  # what the batch was built from, in row order
-    # Optional embeddings that replace token embeddings at given rows (multimodal splicing).
+    # Optional embeddings that replace token embeddings at given rows (multimodal splicing):
+    # (rows [R], values [R, n_embd]), used without the model's embedding scale.
     embedding_overrides: tuple[torch.Tensor, torch.Tensor] | None = None
+    # Per row, the end (exclusive) of the key positions it attends to; None: every row is causal
+    # (position + 1). Rows of a non-causal span see up to the span's end.
+    key_ends: torch.Tensor | None = None
     # How many leading rows are single-token (decode) chunks; kernels may treat them apart.
     leading_decode_tokens: int = 0
     device: torch.device | str = "cpu"
@@ -113,6 +138,7 @@ def build_forward_batch(chunks: Sequence[SequenceChunk], device: torch.device | 
     positions: list[int] = []
     write_slots: list[int] = []
     logit_rows: list[int] = []
+    given = _GivenCollector()
     for chunk in chunks:
         n = len(chunk.token_ids)
         if n == 0:
@@ -121,6 +147,7 @@ def build_forward_batch(chunks: Sequence[SequenceChunk], device: torch.device | 
             raise ValueError("kv_slots must cover the cached context and the chunk's own tokens")
         first_row = len(token_ids)
         token_ids.extend(chunk.token_ids)
+        given.add(chunk, first_row, token_ids)
         positions.extend(range(chunk.start_pos, chunk.start_pos + n))
         write_slots.extend(chunk.kv_slots[chunk.start_pos :])
         if chunk.all_logits:
@@ -134,9 +161,48 @@ def build_forward_batch(chunks: Sequence[SequenceChunk], device: torch.device | 
         kv_write_slots=as_long(write_slots),
         logit_rows=as_long(logit_rows),
         chunks=list(chunks),
+        embedding_overrides=given.overrides(device),
+        key_ends=given.key_ends(positions, device),
         leading_decode_tokens=count_leading_decode(chunks),
         device=device,
     )
+
+
+class _GivenCollector:
+    """The chunks' given rows as ForwardBatch's overrides and key ends. The rows' token ids
+    (placeholders, outside the vocabulary) become 0 for the embedding lookup they skip."""
+
+    def __init__(self):
+        self.rows: list[int] = []
+        self.values: list[torch.Tensor] = []
+        self.spans: list[tuple[int, int]] = []  # (first row, end row) of each non-causal span
+
+    def add(self, chunk: SequenceChunk, first_row: int, token_ids: list[int]) -> None:
+        n = len(chunk.token_ids)
+        for given in chunk.given_rows:
+            if not 0 <= given.first <= given.first + given.n_rows <= n:
+                raise ValueError(f"given rows [{given.first}, {given.first + given.n_rows}) are outside the chunk "
+                                 f"of {n} tokens")
+            start = first_row + given.first
+            self.rows.extend(range(start, start + given.n_rows))
+            token_ids[start:start + given.n_rows] = [0] * given.n_rows
+            self.values.append(given.values)
+            if given.non_causal:
+                self.spans.append((start, start + given.n_rows))
+
+    def overrides(self, device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if not self.rows:
+            return None
+        rows = torch.tensor(self.rows, dtype=torch.long, device=device)
+        return rows, torch.cat(self.values).to(device=device, dtype=torch.float32)
+
+    def key_ends(self, positions: list[int], device) -> torch.Tensor | None:
+        if not self.spans:
+            return None
+        ends = [p + 1 for p in positions]
+        for first, end in self.spans:
+            ends[first:end] = [positions[end - 1] + 1] * (end - first)
+        return torch.tensor(ends, dtype=torch.long, device=device)
 
 
 def _make_groups(chunks: Sequence[SequenceChunk], device) -> list[AttentionGroup]:
@@ -181,6 +247,11 @@ def _make_group(items: list[tuple[int, SequenceChunk]], device) -> AttentionGrou
     leading = n_q == 1 and [first_row for first_row, _ in items] == list(range(b))
     # Padded queries sit at position 0 and may see key 0, so no softmax row is all -inf.
     causal = key_pos[:, None, :] <= query_pos[:, :, None]
+    for i, (_, chunk) in enumerate(items):
+        for given in chunk.given_rows:
+            if given.non_causal:  # the span's rows see each other both ways
+                first, pos = given.first, chunk.start_pos + given.first
+                causal[i, first:first + given.n_rows, pos:pos + given.n_rows] = True
     mask = (causal & key_valid[:, None, :])[:, None]
     return AttentionGroup(
         query_rows=query_rows.to(device),

@@ -250,7 +250,10 @@ class Decoder(nn.Module):
         return [None if a.rope_index is None else self.ropes[a.rope_index] for a in owners]
 
     def embed(self, batch: ForwardBatch) -> torch.Tensor:
+        """Token embeddings times the model's embedding scale; given rows (images) as they are."""
         h = self.token_embd[batch.token_ids]
+        if self.opts.embd_scale != 1.0:
+            h = h * self.opts.embd_scale
         if batch.embedding_overrides is not None:
             rows, values = batch.embedding_overrides
             h[rows] = values.to(h.dtype)
@@ -280,8 +283,6 @@ class Decoder(nn.Module):
         head reads, and what embedding models pool)."""
         opts = self.opts
         h = self.embed(batch)
-        if opts.embd_scale != 1.0:
-            h = h * opts.embd_scale
         temperature = opts.query_temperature
         step = Step(batch, state, [(r, r.angles(batch.positions)) for r in self.ropes],
                     temperature.factors(batch.positions) if temperature else None)

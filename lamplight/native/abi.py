@@ -86,6 +86,7 @@ class Batch(ctypes.Structure):
         ("n_rows", c_int32), ("n_logits", c_int32), ("n_key_slots", c_int64), ("n_lora_scales", c_int32),
         ("reserved", c_int32), ("embeddings", c_void_p), ("positions", c_void_p), ("write_slots", c_void_p),
         ("key_offsets", c_void_p), ("key_slots", c_void_p), ("logit_rows", c_void_p), ("lora_scales", c_void_p),
+        ("key_ends", c_void_p), ("given_rows", c_void_p),
     ]
 
 

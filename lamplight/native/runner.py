@@ -253,9 +253,9 @@ class NativeRunner(ModelRunner):
         return dequantize_rows(self.spec.token_embd, token_ids.numpy())
 
     def run_batch(self, batch: ForwardBatch, state: ModelState) -> torch.Tensor:
-        if batch.embedding_overrides is not None:
-            raise NativeUnsupported("embedding overrides have no native path")
         embd = self.embeddings(batch.token_ids)
+        given = self._given_rows(batch, embd)
+        key_ends = batch.key_ends.contiguous() if batch.key_ends is not None else None
         key_offsets, key_slots = key_table(batch)
         positions = batch.positions.contiguous()
         write_slots = batch.kv_write_slots.contiguous()
@@ -265,14 +265,16 @@ class NativeRunner(ModelRunner):
         # cannot see (dtypes, lengths) is checked here; the values in them it checks itself.
         if (embd.dtype != torch.float32 or not embd.is_contiguous() or embd.shape[1] != self.config.n_embd
                 or any(t.dtype != torch.int64 or t.numel() != n_rows for t in (positions, write_slots))
-                or logit_rows.dtype != torch.int64 or len(key_offsets) != n_rows):
+                or logit_rows.dtype != torch.int64 or len(key_offsets) != n_rows
+                or (key_ends is not None and (key_ends.dtype != torch.int64 or key_ends.numel() != n_rows))):
             raise ValueError("native forward: the batch's arrays are not int64 [rows] (embeddings float32 [rows, n_embd])")
         logits = torch.empty(logit_rows.numel(), self.config.vocab_size)
         scales = np.asarray(self.lora_scales.scales, dtype=np.float32) if self._has_loras else None
         b = abi.Batch(n_rows=n_rows, n_logits=logit_rows.numel(), n_key_slots=key_slots.size,
                       n_lora_scales=0 if scales is None else scales.size, embeddings=_ptr(embd),
                       positions=_ptr(positions), write_slots=_ptr(write_slots), key_offsets=_ptr(key_offsets),
-                      key_slots=_ptr(key_slots), logit_rows=_ptr(logit_rows), lora_scales=_ptr(scales))
+                      key_slots=_ptr(key_slots), logit_rows=_ptr(logit_rows), lora_scales=_ptr(scales),
+                      key_ends=_ptr(key_ends), given_rows=_ptr(given))
         pool = self._kv(state.kv)
         rc = self.lib.lp_forward(self.handle, ctypes.byref(b), ctypes.byref(pool), logits.data_ptr())
         if rc == abi.LP_ERR_UNSUPPORTED:
@@ -281,6 +283,19 @@ class NativeRunner(ModelRunner):
             raise abi.error(self.lib, rc)  # ValueError naming the array, row and value out of range
         return logits
 
+
+
+    @staticmethod
+    def _given_rows(batch: ForwardBatch, embd: torch.Tensor) -> np.ndarray | None:
+        """Writes the batch's given rows (images) into `embd`; their flags for the C side, which
+        leaves them unscaled (None: no given rows)."""
+        if batch.embedding_overrides is None:
+            return None
+        rows, values = batch.embedding_overrides
+        embd[rows] = values.to(embd.dtype)
+        flags = np.zeros(embd.shape[0], dtype=np.uint8)
+        flags[rows.numpy()] = 1
+        return flags
 
 
 def _pack_groups(infos: list) -> list[tuple[list, object]]:

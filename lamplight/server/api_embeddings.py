@@ -18,7 +18,8 @@ goes, an input over the micro-batch).
 from __future__ import annotations
 
 import base64
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from fastapi import APIRouter
@@ -41,24 +42,39 @@ BAD_PROMPT = ('"prompt" elements must be a string, a list of tokens, or a list o
 BAD_DOCUMENTS = '"documents" must be a non-empty string array'
 
 
-def embeddings_router(embedder: Embedder | None, *, reranking: bool = False, model_name: str | None = None) -> APIRouter:
-    """The embedding and rerank routes for `embedder` (None: a server not started for them)."""
+@dataclass(frozen=True)
+class Served:
+    """What the routes serve: the embedder (None: a server not started for embeddings), whether
+    it was started for reranking, and the model name answers echo."""
+
+    embedder: Embedder | None
+    reranking: bool = False
+    model_name: str = ""
+    normalize: int = 2  # embd_normalize unless a request gives one (--embd-normalize)
+
+
+def embeddings_router(embedder: Embedder | None = None, *, reranking: bool = False, model_name: str | None = None,
+                      served: Callable[[Request], Served] | None = None) -> APIRouter:
+    """The embedding and rerank routes for `embedder`, or for what `served(request)` says at each
+    request (a server whose model loads after its routes exist)."""
     router = APIRouter()
-    name = model_name or (embedder.path.name if embedder is not None else "")
+    fixed = Served(embedder, reranking, model_name or (embedder.path.name if embedder is not None else ""))
+    lookup = served or (lambda request: fixed)
 
     @router.post("/v1/embeddings")
     async def openai_embeddings(request: Request) -> Response:
-        model = _require_embedder(embedder)
+        now = lookup(request)
+        model, name = _require_embedder(now.embedder), now.model_name
         if model.pooling is Pooling.NONE:
             raise invalid_request(NOT_OAI_POOLING)  # before the body, as llama-server
         body = await read_json_object(request)
         if "input" not in body and "content" in body:
-            return await _native(model, body, body["content"])
+            return await _native(model, body, body["content"], now.normalize)
         if "input" not in body:
             raise invalid_request('"input" or "content" must be provided')
         encoding = _encoding_format(body)
         prompts = _prompts(model, body["input"])
-        vectors = await _embed(model, prompts, _normalization(body))
+        vectors = await _embed(model, prompts, _normalization(body, now.normalize))
         return json_response({
             "model": body["model"] if isinstance(body.get("model"), str) else name,
             "object": "list",
@@ -67,19 +83,21 @@ def embeddings_router(embedder: Embedder | None, *, reranking: bool = False, mod
         })
 
     async def native_embeddings(request: Request) -> Response:
-        model = _require_embedder(embedder)
+        now = lookup(request)
+        model = _require_embedder(now.embedder)
         body = await read_json_object(request)
         key = "content" if "content" in body else "input"
         if key not in body:
             raise invalid_request('"input" or "content" must be provided')
-        return await _native(model, body, body[key])
+        return await _native(model, body, body[key], now.normalize)
 
     for path in EMBEDDING_PATHS_NATIVE:
         router.add_api_route(path, native_embeddings, methods=["POST"])
 
     async def rerank(request: Request) -> Response:
-        model = embedder
-        if model is None or not reranking or model.pooling is not Pooling.RANK:
+        now = lookup(request)
+        model, name = now.embedder, now.model_name
+        if model is None or not now.reranking or model.pooling is not Pooling.RANK:
             raise not_supported(NO_RERANKING)  # a rank GGUF served with --embedding only, too
         body = await read_json_object(request)
         query, documents, tei = _rerank_request(body)
@@ -113,9 +131,9 @@ def _require_embedder(embedder: Embedder | None) -> Embedder:
     return embedder
 
 
-async def _native(model: Embedder, body: dict, prompt: Any) -> Response:
+async def _native(model: Embedder, body: dict, prompt: Any, normalize: int = 2) -> Response:
     prompts = _prompts(model, prompt)
-    vectors = await _embed(model, prompts, _normalization(body))
+    vectors = await _embed(model, prompts, _normalization(body, normalize))
     if model.pooling is Pooling.NONE:
         return json_response([{"index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)])
     return json_response([{"index": i, "embedding": [v.tolist()]} for i, v in enumerate(vectors)])
@@ -147,8 +165,8 @@ def _encoding_format(body: dict) -> str:
     return value
 
 
-def _normalization(body: dict) -> int:
-    value = body.get("embd_normalize", 2)
+def _normalization(body: dict, default: int = 2) -> int:
+    value = body.get("embd_normalize", default)
     if isinstance(value, bool) or not isinstance(value, int):
         raise invalid_request("\"embd_normalize\" must be an integer: -1 none, 0 max-abs (int16), 1 taxicab, "
                               "2 euclidean, p > 2 p-norm")

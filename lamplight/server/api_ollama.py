@@ -7,8 +7,9 @@ for /api/generate with `raw` a /completion body and with `suffix` an /infill bod
 (api_ollama_request.py); the answers become Ollama's (api_ollama_reply.py). GET /api/tags,
 POST /api/show, GET /api/ps describe the one served model (api_ollama_models.py), POST /api/pull
 downloads a Hub GGUF into the cache without swapping it in (api_ollama_pull.py), GET
-/api/version is lamplight's version. A request may name any model: the served one answers, as on
-/v1/chat/completions. Embeddings and the model-store endpoints (create, copy, delete, push,
+/api/version is lamplight's version, POST /api/embed and /api/embeddings use the served
+embedder (api_ollama_embed.py; 501 without one). A request may name any model: the served one
+answers, as on /v1/chat/completions. The model-store endpoints (create, copy, delete, push,
 blobs) answer 501. Every error under /api, whichever layer refuses the request (API key, body
 limits, loading, the handler), is Ollama's `{"error": "message"}` with lamplight's HTTP status.
 
@@ -18,6 +19,7 @@ is served there; with the web UI on, `/` stays the chat page (a 200 as well).
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, AsyncIterator, Callable
 
@@ -28,10 +30,11 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from lamplight import __version__
 from lamplight.engine.types import ErrorEvent
 
+from . import api_ollama_embed as embed_lines
 from .api_ollama_models import ps_entry, show, tags_entry
 from .api_ollama_pull import hub_spec, pull_lines, pull_once
 from .api_ollama_reply import ChatLines, RawGenerateStream, chat_reply, error_line, load_reply, raw_reply
-from .api_ollama_request import ModelFacts, chat_body, generate_plan
+from .api_ollama_request import ModelFacts, chat_body, generate_plan, keep_alive_seconds
 from .chat_bridge import SILENT, StreamedAnswer, stream_chat
 from .chat_bridge import chat_reply as run_chat
 from .completion_flow import ping_interval, start_completion
@@ -51,7 +54,6 @@ router = APIRouter()
 
 OLLAMA_PATHS = ("/api",)
 NDJSON = "application/x-ndjson"
-EMBEDDINGS_LATER = "embeddings are not served yet"
 RUNNING = "Ollama is running"
 
 
@@ -74,7 +76,26 @@ def _wants_stream(body: dict) -> bool:
 
 # -- generation ---------------------------------------------------------------------------------
 
+# Set on answers to a request with `keep_alive`: in router mode (lamplight/router/proxy.py) the
+# router sets the model's unload timer from it (0: unload once idle, negative: never).
+UNLOAD_AFTER_HEADER = "X-Lamplight-Unload-After"
+
+
+def _keep_alive(handler):
+    """The handler's answer, carrying the request's `keep_alive` in seconds for the router."""
+    @functools.wraps(handler)
+    async def answer(request: Request) -> Response:
+        response = await handler(request)
+        body = await read_json_object(request)
+        seconds = keep_alive_seconds(body.get("keep_alive"))
+        if seconds is not None:
+            response.headers[UNLOAD_AFTER_HEADER] = f"{seconds:g}"
+        return response
+    return answer
+
+
 @router.post("/api/chat")
+@_keep_alive
 async def chat(request: Request) -> Response:
     started = time.monotonic_ns()
     body = await read_json_object(request)
@@ -87,6 +108,7 @@ async def chat(request: Request) -> Response:
 
 
 @router.post("/api/generate")
+@_keep_alive
 async def generate(request: Request) -> Response:
     started = time.monotonic_ns()
     body = await read_json_object(request)
@@ -188,9 +210,14 @@ async def pull(request: Request) -> Response:
 
 
 @router.post("/api/embed")
+@_keep_alive
+async def embed(request: Request) -> Response:
+    return json_response(await embed_lines.embed(server_state(request), await read_json_object(request)))
+
+
 @router.post("/api/embeddings")
 async def embeddings(request: Request) -> Response:
-    raise not_supported(EMBEDDINGS_LATER)
+    return json_response(await embed_lines.embeddings_legacy(server_state(request), await read_json_object(request)))
 
 
 @router.post("/api/create")

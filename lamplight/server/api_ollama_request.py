@@ -80,6 +80,22 @@ def check_keep_alive(value: Any) -> None:
     raise field_error("keep_alive", f'must be a number of seconds or a duration such as "5m" or "1h30m", got {value!r}')
 
 
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def keep_alive_seconds(value: Any) -> float | None:
+    """A checked `keep_alive` in seconds (negative: keep the model loaded for ever), None when
+    the request gives none."""
+    check_keep_alive(value)
+    if value is None:
+        return None
+    if is_number(value):
+        return float(value)
+    sign = -1.0 if value.startswith("-") else 1.0
+    return sign * sum(float(n) * _GO_UNITS[unit] for n, unit in _GO_PART.findall(value))
+
+
 def sampling_fields_of(body: dict, model: ModelFacts) -> dict:
     """`options` and `format` as pipeline fields."""
     return {**option_fields(body.get("options"), model.n_ctx_slot), **format_fields(body.get("format"))}

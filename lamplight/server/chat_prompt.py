@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from lamplight.chat import ChatTemplateError
+from lamplight.chat.messages import with_media_markers
 from lamplight.chat.reasoning import opens_thinking, plan_reasoning
 from lamplight.sampling.reasoning_budget import ReasoningBudgetSpec
 from lamplight.tools import prompt_inputs, template_tools
@@ -22,27 +23,35 @@ _PLAN_FROM_BODY = object()
 
 
 def render_chat_prompt(body: dict, chat_template: Any, tool_plan: Any = _PLAN_FROM_BODY,
-                       *, for_generation: bool = True, reasoning_budget: int = -1) -> str:
+                       *, for_generation: bool = True, reasoning_budget: int = -1,
+                       template_kwargs: Any = None, media_marker: str | None = None) -> str:
     """`tool_plan`: the request's lamplight.tools.ToolPlan (or None); read from the body when not given.
+
+    `media_marker`: the server's marker when it has a vision model: each image part renders as
+    it (lamplight.chat.messages.with_media_markers); None: image parts are refused.
 
     `for_generation` False (/apply-template) renders the template as llama.cpp does, without the
     generic tool protocol: its instruction and its rewriting of tool turns are added only when
     the prompt is for a generation (/v1/chat/completions) with a template that has no native
-    tool format."""
+    tool format. `template_kwargs`: ServerSettings.template_kwargs (the server's template
+    variables under the request's chat_template_kwargs); None: the request's alone."""
     fields = Fields(body)
     if body.get("messages") is None:
         raise invalid_request("'messages' is required")
     extra = fields.object("chat_template_kwargs")
+    if template_kwargs is not None:  # --chat-template-kwargs, --reasoning-effort
+        extra = template_kwargs(extra)
     if reasoning_budget == 0 and "enable_thinking" not in (extra or {}):
         extra = {**(extra or {}), "enable_thinking": False}
     add_generation_prompt = fields.boolean("add_generation_prompt", True)
     if tool_plan is _PLAN_FROM_BODY:
         tool_plan = chat_tool_plan(fields, chat_template)
     try:
+        messages = body["messages"] if media_marker is None else with_media_markers(body["messages"], media_marker)
         if for_generation:
-            messages, tools = prompt_inputs(body["messages"], chat_template, tool_plan)
+            messages, tools = prompt_inputs(messages, chat_template, tool_plan)
         else:
-            messages, tools = body["messages"], template_tools(chat_template, tool_plan)
+            tools = template_tools(chat_template, tool_plan)
         prompt = chat_template.render(messages, add_generation_prompt=add_generation_prompt,
                                       tools=tools, extra=extra)
     except ChatTemplateError as exc:

@@ -24,7 +24,7 @@ from .generation_settings import generation_settings, lora_scales
 from .json_io import json_response
 from .params import Endpoint, GenerationParams, parse_generation_params
 from .prepare import prepare_request
-from .prompts import tokenize_prompts
+from .prompts import chat_prompt_tokens, tokenize_prompts
 from .response_context import ResponseContext
 from .responses_native import native_final
 from .responses_openai import chat_response, completion_response
@@ -71,14 +71,17 @@ def _prepare(state: ServerState, body: dict, endpoint: Endpoint,
         return PreparedCompletion(params, build_prompts(state, body))
     if endpoint is Endpoint.CHAT:
         return _chat_completion(state, body, params)
-    return PreparedCompletion(params, tokenize_prompts(body.get("prompt"), tokenizer))
+    return PreparedCompletion(params, tokenize_prompts(body.get("prompt"), tokenizer, state.media))
 
 
 def _chat_completion(state: ServerState, body: dict, params: GenerationParams) -> PreparedCompletion:
     """The chat prompt, and what depends on it: how the reply's thinking is split, its budget,
     and the grammar moved after the thinking."""
     tokenizer, chat_template = state.model.tokenizer, state.model.chat_template
-    text = render_chat_prompt(body, chat_template, params.tool_plan, reasoning_budget=params.reasoning_budget)
+    media = state.media  # a vision model: image parts render as its marker, then become its rows
+    text = render_chat_prompt(body, chat_template, params.tool_plan, reasoning_budget=params.reasoning_budget,
+                              template_kwargs=state.settings.template_kwargs,
+                              media_marker=media.marker if media is not None else None)
     continues = continues_thinking(body)
     reasoning = plan_reasoning(getattr(chat_template, "reasoning", None), params.reasoning_format, text, continues)
     budget = reasoning_budget_spec(chat_template, text, params.reasoning_budget, params.reasoning_budget_message,
@@ -86,7 +89,7 @@ def _chat_completion(state: ServerState, body: dict, params: GenerationParams) -
     grammar = constrain_answer_only(params.request.grammar, reasoning, state.grammar_compiler, tokenizer)
     params = dataclasses.replace(params.with_request(reasoning_budget=budget, grammar=grammar), reasoning=reasoning,
                                  answer_wrapper=getattr(chat_template, "answer_wrapper", None))
-    return PreparedCompletion(params, [tokenizer.encode(text, add_special=True, parse_special=True)])
+    return PreparedCompletion(params, [chat_prompt_tokens(text, body, tokenizer, media)])
 
 
 _STREAM_FORMATS: dict[Endpoint, Callable[[ResponseContext], StreamFormat]] = {

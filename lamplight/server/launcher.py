@@ -3,9 +3,12 @@ background thread (/health answers 503 meanwhile), then serve until interrupted.
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import uvicorn
@@ -37,6 +40,20 @@ class EngineOptions:
     # None: the runner's default (f16 native, as llama-server; else f32)
     cache_type_k: str | None = default_of("engine.cache_type_k")
     cache_type_v: str | None = default_of("engine.cache_type_v")
+    # recurrent models' state snapshots per slot, and the tokens between two (lamplight.engine.checkpoints)
+    ctx_checkpoints: int = default_of("engine.ctx_checkpoints")
+    checkpoint_interval: int = default_of("engine.checkpoint_interval")
+    embedding: bool = default_of("engine.embedding")  # serve embeddings (lamplight.embeddings)
+    pooling: str | None = default_of("engine.pooling")  # None: the model file's
+    reranking: bool = default_of("engine.reranking")  # serve /rerank (pooling rank)
+    # Images (lamplight.server.media): the projector, and where images may come from.
+    mmproj: str | None = default_of("engine.mmproj")
+    no_mmproj: bool = default_of("engine.no_mmproj")
+    mmproj_auto: bool = default_of("engine.mmproj_auto")  # a model from -hf: its repository's mmproj too
+    image_min_tokens: int = default_of("engine.image_min_tokens")  # -1: the projector's
+    image_max_tokens: int = default_of("engine.image_max_tokens")
+    media_path: str | None = default_of("engine.media_path")
+    media_allow_urls: bool = default_of("engine.media_allow_urls")
 
 
 class StartupError(RuntimeError):
@@ -51,10 +68,88 @@ def load_model(model: Any, options: EngineOptions, **load_options) -> Any:
 
     backend = "reference" if options.weights == "reference" else "compiled" if options.compile else "fast"
     try:
-        return lamplight.load(model, backend=backend, loras=options.loras,
-                              lora_init_without_apply=options.lora_init_without_apply, **load_options)
+        loaded = lamplight.load(model, backend=backend, loras=options.loras,
+                                lora_init_without_apply=options.lora_init_without_apply, **load_options)
     except AdapterError as exc:
         raise StartupError(str(exc)) from exc
+    # The server's image input (ServerState.media), or None: beside the text model it reads.
+    loaded.media = load_media(loaded, options, load_options.get("progress") or (lambda _msg: None))
+    return loaded
+
+
+def load_media(loaded: Any, options: EngineOptions, say: Callable[[str], None]) -> Any:
+    """The MediaInput of --mmproj (or, for a model from -hf, its repository's mmproj with
+    --mmproj-auto), checked against the text model; None without a projector."""
+    path = None if options.no_mmproj else options.mmproj or (hub_mmproj(loaded.path, say) if options.mmproj_auto
+                                                             else None)
+    if path is None:
+        return None
+    from lamplight.gguf.file import GGUFError
+    from lamplight.vision import load_vision_model
+
+    from .media import MediaInput, MediaOptions
+
+    tokenizer = loaded.tokenizer
+    try:
+        vision = load_vision_model(path, text_n_embd=loaded.spec.config.n_embd,
+                                   tokenize=lambda text: tokenizer.encode(text, add_special=False, parse_special=True))
+    except (GGUFError, OSError) as exc:
+        raise StartupError(f"--mmproj: {exc}") from exc
+    config = vision.config
+    say(f"vision: {Path(path).name}: {config.projector_type} projector, {config.n_layer} blocks of width "
+        f"{config.n_embd} at {config.image_size} px; encoder memory {vision.weight_bytes / 2**20:.1f} MiB "
+        "(float32 weights)")
+    if options.image_min_tokens >= 0 or options.image_max_tokens >= 0:
+        say(f"--image-min-tokens / --image-max-tokens: the {config.projector_type} projector lays every image out "
+            "in a fixed number of positions; they take effect only for projector types that resize to a token budget")
+    return MediaInput(vision, tokenizer, MediaOptions(options.media_path, options.media_allow_urls))
+
+
+def hub_mmproj(model_path: str | Path, say: Callable[[str], None]) -> Path | None:
+    """The mmproj of a model file in huggingface_hub's cache (a model from -hf): fetched from its
+    repository if it has one (media_hub.choose_mmproj), else None."""
+    from .media_hub import cached_repo_of, resolve_hf_mmproj
+
+    repo = cached_repo_of(model_path)
+    return resolve_hf_mmproj(repo, Path(model_path).name, progress=say) if repo else None
+
+
+# Architectures that only compute vectors (no generation): served with embeddings alone.
+EMBEDDING_ONLY_ARCHITECTURES = ("bert", "nomic-bert", "gemma-embedding")
+
+
+@dataclass(frozen=True)
+class EmbeddingOnlyModel:
+    """What the server knows of a model that only embeds (an encoder): no runner, no engine."""
+
+    path: Path
+    name: str
+    tokenizer: Any
+    chat_template: Any = None
+    kernels: str = "pytorch float32 encoder"
+
+
+def embeds_only(path: str | Path) -> bool:
+    from lamplight.gguf.file import GGUFFile
+
+    return GGUFFile(path).architecture in EMBEDDING_ONLY_ARCHITECTURES
+
+
+def wants_embedder(options: EngineOptions) -> bool:
+    return options.embedding or options.reranking or options.pooling is not None
+
+
+def load_embedder(path: str | Path, options: EngineOptions, n_ctx: int | None = None) -> Any:
+    """The embedder the embedding flags ask for (--reranking: pooling rank); the same kernels
+    as the generating model (--weights reference: float32)."""
+    from lamplight.embeddings import load_embedder as load
+
+    pooling = "rank" if options.reranking else options.pooling
+    backend = "reference" if options.weights == "reference" else "pytorch"
+    try:
+        return load(path, pooling=pooling, backend=backend, n_ctx=n_ctx, n_ubatch=options.n_ubatch)
+    except ValueError as exc:  # e.g. --pooling rank on a file without a ranking head
+        raise StartupError(f"embeddings: {exc}") from exc
 
 
 def build_engine(loaded: Any, options: EngineOptions) -> Any:
@@ -68,7 +163,8 @@ def build_engine(loaded: Any, options: EngineOptions) -> Any:
                           n_ubatch=options.n_ubatch, queue_size=options.queue_size,
                           context_shift=options.context_shift,
                           cache_type_k=options.cache_type_k or runner.default_cache_type,
-                          cache_type_v=options.cache_type_v or runner.default_cache_type)
+                          cache_type_v=options.cache_type_v or runner.default_cache_type,
+                          ctx_checkpoints=options.ctx_checkpoints, checkpoint_interval=options.checkpoint_interval)
     if runner.owns_threads:
         dedicate_threads_to_native()
     engine = Engine(runner, loaded.tokenizer, config, loras=loaded.adapters)
@@ -87,9 +183,19 @@ def dedicate_threads_to_native() -> None:
 
 def uvicorn_server(state: ServerState) -> uvicorn.Server:
     settings = state.settings
-    config = uvicorn.Config(create_app(state), host=settings.host, port=settings.port, log_level="info",
-                            server_header=False, **connection_options(settings))
+    config = uvicorn.Config(create_app(state), log_level=settings.log_level,
+                            access_log=settings.log_level in ("info", "debug"), server_header=False,
+                            **listen_options(settings), **connection_options(settings))
     return uvicorn.Server(config)
+
+
+def listen_options(settings) -> dict:
+    """uvicorn.Config options for where to listen: host and port, or a UNIX socket (a --host
+    ending in .sock, as llama-server); HTTPS with --ssl-key-file and --ssl-cert-file."""
+    where = {"uds": settings.unix_socket} if settings.unix_socket else {"host": settings.host, "port": settings.port}
+    if settings.ssl_certfile:
+        where.update(ssl_keyfile=settings.ssl_keyfile, ssl_certfile=settings.ssl_certfile)
+    return where
 
 
 def connection_options(settings) -> dict:
@@ -98,7 +204,8 @@ def connection_options(settings) -> dict:
 
 
 def serve(state: ServerState, load: Callable[[], tuple[Any, Any]], server: uvicorn.Server | None = None) -> int:
-    """Serve `state`; `load()` runs in a background thread and returns (LoadedModel, Engine)."""
+    """Serve `state`; `load()` runs in a background thread and returns what ServerState.attach
+    takes: (LoadedModel, Engine[, Embedder, reranking])."""
     server = server or uvicorn_server(state)
     failure: list[BaseException] = []
 
@@ -120,4 +227,11 @@ def serve(state: ServerState, load: Callable[[], tuple[Any, Any]], server: uvico
     finally:
         if state.engine is not None:
             state.engine.stop()
+        _remove_socket(state.settings.unix_socket)
     return 1 if failure else 0
+
+
+def _remove_socket(path: str | None) -> None:
+    """A UNIX socket's file outlives its server; nothing listens on it any more."""
+    if path and os.path.exists(path) and stat.S_ISSOCK(os.stat(path).st_mode):
+        os.remove(path)

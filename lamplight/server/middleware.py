@@ -1,6 +1,6 @@
-"""llama-server's pre-routing rules, in its order: CORS headers -> OPTIONS preflight answered ->
-503 while the model loads -> API key; then the body's limits (size: 413, read deadline: 408).
-Every response also gets `Server: lamplight`.
+"""llama-server's pre-routing rules, in its order: `--api-prefix` taken off the path -> CORS
+headers -> OPTIONS preflight answered -> 503 while the model loads -> API key; then the body's
+limits (size: 413, read deadline: 408). Every response also gets `Server: lamplight`.
 
 A plain ASGI middleware (not BaseHTTPMiddleware) so streaming responses pass straight through.
 """
@@ -32,6 +32,7 @@ class HttpPolicyMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        scope = without_prefix(scope, self.state.settings.api_prefix)
         request_headers = Headers(scope=scope)
         started = False
 
@@ -112,18 +113,35 @@ class HttpPolicyMiddleware:
 
     def _add_cors_headers(self, headers: MutableHeaders, request_headers: Headers) -> None:
         origin = request_headers.get("origin")
-        if origin and self.state.settings.origin_allowed(origin):
+        settings = self.state.settings
+        if origin and settings.origin_allowed(origin):
             headers["Access-Control-Allow-Origin"] = origin
-            headers["Access-Control-Allow-Credentials"] = "true"
+            if settings.cors_credentials:
+                headers["Access-Control-Allow-Credentials"] = "true"
             headers.append("Vary", "Origin")
 
     async def _preflight(self, scope: Scope, receive: Receive, send: Send, request_headers: Headers) -> None:
         from starlette.responses import Response
 
-        allow_headers = request_headers.get("access-control-request-headers") or "*"
+        settings = self.state.settings
+        allow_headers = settings.cors_headers
+        if allow_headers == "*":  # llama-server's default: whatever the preflight asks for
+            allow_headers = request_headers.get("access-control-request-headers") or "*"
         response = Response(status_code=200, headers={
-            "Access-Control-Allow-Methods": "GET, POST",
+            "Access-Control-Allow-Methods": settings.cors_methods,
             "Access-Control-Allow-Headers": allow_headers,
             "Access-Control-Max-Age": "86400",
         })
         await response(scope, receive, send)
+
+
+def without_prefix(scope: Scope, prefix: str) -> Scope:
+    """`--api-prefix`: a path under the prefix is served as the path without it (the routes also
+    answer without the prefix, as before)."""
+    path = scope["path"]
+    if not prefix or not (path == prefix or path.startswith(prefix + "/")):
+        return scope
+    raw_prefix = prefix.encode()
+    raw_path = scope.get("raw_path") or path.encode()
+    return {**scope, "path": path[len(prefix):] or "/",
+            "raw_path": raw_path[len(raw_prefix):] if raw_path.startswith(raw_prefix) else raw_path}

@@ -60,3 +60,10 @@ def model_meta(model: Any, n_ctx: int) -> dict:
         "size": tensor_bytes(gguf),
         "ftype": ftype_name(gguf.metadata),
     }
+
+
+def embedder_meta(embedder: Any) -> dict:
+    """/v1/models `meta` of a model that only embeds (an encoder)."""
+    return {"vocab_type": 0, "n_vocab": embedder.vocab_size, "n_ctx_train": embedder.n_ctx,
+            "n_embd": embedder.n_embd, "n_params": 0, "size": embedder.path.stat().st_size,
+            "pooling": embedder.pooling.value}

@@ -78,7 +78,9 @@ class GenerationParams:
         return dataclasses.replace(self, request=dataclasses.replace(self.request, **changes))
 
     def request_for(self, prompt_tokens: list[int]) -> GenerationRequest:
-        return dataclasses.replace(self.request, prompt_tokens=prompt_tokens)
+        """The engine request for one prompt; a MediaPrompt (lamplight.server.media) brings its image rows."""
+        return dataclasses.replace(self.request, prompt_tokens=list(prompt_tokens),
+                                   media=getattr(prompt_tokens, "media", ()))
 
 
 def default_sampling(settings: ServerSettings) -> SamplingParams:
@@ -96,6 +98,8 @@ def parse_generation_params(body: dict, endpoint: Endpoint, settings: ServerSett
     reject_unsupported_inputs(fields)
     check_grammar_size(fields, limits.max_grammar_bytes)
     constraint = read_constraint(fields, endpoint is Endpoint.CHAT, chat_template)
+    if not constraint.kind:
+        constraint = server_constraint(settings)
     n_probs, logprobs, top_logprobs = _probabilities(fields, endpoint, limits.max_n_probs)
     sampling = _sampling(_SamplingInputs(fields, limits, tokenizer, n_probs), default_sampling(settings))
     stream = fields.boolean("stream", False)
@@ -112,7 +116,7 @@ def parse_generation_params(body: dict, endpoint: Endpoint, settings: ServerSett
         response_fields=fields.string_list("response_fields", []),
         logprobs=logprobs,
         top_logprobs=top_logprobs,
-        reasoning_format=_reasoning_format(fields) if endpoint is Endpoint.CHAT else "auto",
+        reasoning_format=_reasoning_format(fields, settings) if endpoint is Endpoint.CHAT else "auto",
         # llama.cpp HEAD's per-request fields; they act on chat replies of templates that think.
         reasoning_budget=fields.integer("reasoning_budget_tokens", settings.reasoning_budget,
                                         minimum=-1, maximum=INT32_MAX),
@@ -128,8 +132,8 @@ def _engine_request(fields: Fields, settings: ServerSettings, sampling: Sampling
         prompt_tokens=[],
         sampling=dataclasses.replace(sampling, seed=effective_seed(sampling.seed)),
         n_predict=_n_predict(fields, settings),
-        stop=_stop_strings(fields, settings.limits),
-        cache_prompt=fields.boolean("cache_prompt", True),
+        stop=_stop_strings(fields, settings),
+        cache_prompt=fields.boolean("cache_prompt", settings.cache_prompt),
         id_slot=fields.integer("id_slot", -1, minimum=-1),
         n_choices=_n_choices(fields, n_parallel),
         return_progress=fields.boolean("return_progress", False) and stream,
@@ -141,15 +145,26 @@ def _engine_request(fields: Fields, settings: ServerSettings, sampling: Sampling
     )
 
 
-def _reasoning_format(fields: Fields) -> str:
-    value = fields.string("reasoning_format", "auto")
+def server_constraint(settings: ServerSettings) -> ConstraintRequest:
+    """`--grammar` / `--json-schema`: the constraint of a request that asks for none of its own."""
+    if settings.grammar:
+        return ConstraintRequest("--grammar", "grammar", settings.grammar)
+    if settings.json_schema is not None:
+        return ConstraintRequest("--json-schema", "json_schema", settings.json_schema)
+    return ConstraintRequest()
+
+
+def _reasoning_format(fields: Fields, settings: ServerSettings) -> str:
+    value = fields.string("reasoning_format", settings.reasoning_format)
     if value not in REASONING_FORMATS:
         raise field_error("reasoning_format", f"must be one of {', '.join(REASONING_FORMATS)}, got {value!r}")
     return value
 
 
-def _stop_strings(fields: Fields, limits: RequestLimits) -> list[str]:
-    stop = fields.string_list("stop", [], allow_single=True)
+def _stop_strings(fields: Fields, settings: ServerSettings) -> list[str]:
+    limits = settings.limits
+    # `-r`'s strings stand in for a request that gives none (llama-server's reverse prompt).
+    stop = fields.string_list("stop", [], allow_single=True) or list(settings.stop)
     if len(stop) > limits.max_stop_strings:
         raise field_error("stop", f"at most {limits.max_stop_strings} stop strings (--max-stop-strings), got {len(stop)}")
     longest = max(map(len, stop), default=0)

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from lamplight.engine.types import FinalEvent
+from lamplight.engine.types import FinalEvent, is_placeholder
 
 from .params import GenerationParams
 
@@ -44,7 +44,8 @@ class ResponseContext:
 
     def prompt_text(self, index: int) -> str:
         """The prompt of result `index` as llama-server echoes it (`prompt`): special tokens as text."""
-        return self.tokenizer.decode(self.prompt_of(index), special=True)
+        # Image positions hold placeholder ids (lamplight.engine.types): no text of their own.
+        return self.tokenizer.decode([t for t in self.prompt_of(index) if not is_placeholder(t)], special=True)
 
     def usage(self, finals: dict[int, FinalEvent]) -> dict:
         """OpenAI usage: each prompt counted once, every choice's completion tokens added up."""

@@ -17,6 +17,7 @@ from .errors import ApiError, from_engine_error, invalid_request, not_supported
 from .fields import Fields
 from .generation_settings import props_default_params
 from .json_io import json_response, read_json, read_json_object
+from .media import media_marker
 from .memory import memory_budget
 from .metrics import CONTENT_TYPE
 from .model_info import ftype_name, token_text
@@ -29,7 +30,7 @@ router = APIRouter()
 @router.get("/health")
 @router.get("/v1/health")
 async def health(request: Request) -> Response:
-    server_state(request).require_ready()  # the middleware already answers 503 while loading
+    server_state(request).require_loaded()  # the middleware already answers 503 while loading
     return json_response({"status": "ok"})
 
 
@@ -51,10 +52,10 @@ async def props(request: Request) -> Response:
         "model_alias": state.model_name,
         "model_ftype": ftype_name(model.gguf.metadata),
         "model_path": str(model.path),
-        "modalities": {"vision": False, "video": False, "audio": False},
-        "media_marker": "<__media__>",
+        "modalities": {"vision": state.media is not None, "video": False, "audio": False},
+        "media_marker": state.media.marker if state.media is not None else media_marker(),
         "endpoint_slots": settings.slots_endpoint,
-        "endpoint_props": False,
+        "endpoint_props": settings.props,
         "endpoint_metrics": settings.metrics,
         "ui": settings.webui and settings.static_path is None,
         "ui_settings": {},

@@ -100,6 +100,13 @@ async def apply_template(request: Request) -> Response:
     # As for a chat request: a budget of 0 (the flag's or the request's) renders thinking off.
     budget = Fields(body).integer("reasoning_budget_tokens", state.settings.reasoning_budget, minimum=-1)
     prompt = await run_in_threadpool(functools.partial(render_chat_prompt, for_generation=False,
-                                                       reasoning_budget=budget),
+                                                       reasoning_budget=budget,
+                                                       template_kwargs=state.settings.template_kwargs,
+                                                       media_marker=_marker(state)),
                                     body, state.model.chat_template)
     return json_response({"prompt": prompt})
+
+
+def _marker(state) -> str | None:
+    """The marker image parts render as, when the model takes images."""
+    return state.media.marker if state.media is not None else None

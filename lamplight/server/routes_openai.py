@@ -10,7 +10,7 @@ from starlette.responses import Response
 
 from .completion_flow import answer_completion
 from .json_io import json_response, read_json_object
-from .model_info import model_meta
+from .model_info import embedder_meta, model_meta
 from .params import Endpoint
 from .state import ServerState
 
@@ -38,24 +38,25 @@ async def completions(request: Request) -> Response:
 @router.get("/models")
 async def models(request: Request) -> Response:
     state = server_state(request)
-    state.require_ready()
+    state.require_loaded()
     name = state.model_name
     return json_response({
-        "models": [_ollama_entry(name)],
+        "models": [_ollama_entry(name, state.media is not None)],
         "object": "list",
         "data": [{
             "id": name,
             "aliases": state.aliases,
-            "tags": [],
+            "tags": list(state.settings.tags),  # --tags
             "object": "model",
             "created": int(time.time()),
             "owned_by": "llamacpp",
-            "meta": model_meta(state.model, state.engine.n_ctx_slot),
+            "meta": model_meta(state.model, state.engine.n_ctx_slot) if state.engine is not None
+            else embedder_meta(state.embedder),
         }],
     })
 
 
-def _ollama_entry(name: str) -> dict:
+def _ollama_entry(name: str, multimodal: bool) -> dict:
     return {
         "name": name,
         "model": name,
@@ -65,7 +66,7 @@ def _ollama_entry(name: str) -> dict:
         "type": "model",
         "description": "",
         "tags": [""],
-        "capabilities": ["completion"],
+        "capabilities": ["completion", "multimodal"] if multimodal else ["completion"],
         "parameters": "",
         "details": {"parent_model": "", "format": "gguf", "family": "", "families": [""],
                     "parameter_size": "", "quantization_level": ""},

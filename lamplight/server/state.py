@@ -6,7 +6,7 @@ import threading
 
 from typing import Any
 
-from .errors import model_loading
+from .errors import model_loading, not_supported
 from .metrics import ServerMetrics
 from .settings import ServerSettings
 
@@ -17,19 +17,31 @@ class ServerState:
     def __init__(self, settings: ServerSettings | None = None):
         self.settings = settings or ServerSettings()
         self.model: Any = None  # lamplight.loader.LoadedModel
-        self.engine: Any = None  # lamplight.engine.engine.Engine
+        self.engine: Any = None  # lamplight.engine.engine.Engine; None for a model that only embeds
+        self.embedder: Any = None  # lamplight.embeddings.Embedder (--embedding, --reranking, encoder models)
+        self.reranking = False  # started with --reranking (the embedder then scores with its rank head)
         self.metrics = ServerMetrics()
         self._grammar_compiler = None
         self._grammar_lock = threading.Lock()
 
-    def attach(self, model: Any, engine: Any) -> None:
+    def attach(self, model: Any, engine: Any, embedder: Any = None, reranking: bool = False) -> None:
         self.model = model
+        self.embedder = embedder
+        self.reranking = reranking
         self.engine = engine
         self.metrics.engine = engine
 
     @property
     def ready(self) -> bool:
-        return self.engine is not None and bool(getattr(self.engine, "is_ready", True))
+        if self.engine is None:
+            return self.embedder is not None  # an encoder: embeddings only
+        return bool(getattr(self.engine, "is_ready", True))
+
+    @property
+    def media(self) -> Any:
+        """The image input (lamplight.server.media.MediaInput) of a model loaded with a
+        projector (launcher.load_model attaches it), else None."""
+        return getattr(self.model, "media", None)
 
     @property
     def model_name(self) -> str:
@@ -58,6 +70,14 @@ class ServerState:
                 self._grammar_compiler = GrammarCompiler(self.model.tokenizer)
             return self._grammar_compiler
 
-    def require_ready(self) -> None:
+    def require_loaded(self) -> None:
+        """The model has loaded (a generating model or an embedding-only one)."""
         if not self.ready:
             raise model_loading()
+
+    def require_ready(self) -> None:
+        """Before generating: the model is loaded and can generate."""
+        self.require_loaded()
+        if self.engine is None:
+            raise not_supported(f"{self.model_name} computes embeddings only (/v1/embeddings, /embedding"
+                                f"{', /rerank' if self.reranking else ''}): it cannot generate text")

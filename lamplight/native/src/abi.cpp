@@ -71,6 +71,7 @@ std::string describe() {
     LP_FIELD(LpBatch, n_lora_scales), LP_FIELD(LpBatch, reserved), LP_FIELD(LpBatch, embeddings);
     LP_FIELD(LpBatch, positions), LP_FIELD(LpBatch, write_slots), LP_FIELD(LpBatch, key_offsets);
     LP_FIELD(LpBatch, key_slots), LP_FIELD(LpBatch, logit_rows), LP_FIELD(LpBatch, lora_scales);
+    LP_FIELD(LpBatch, key_ends), LP_FIELD(LpBatch, given_rows);
 
     LP_STRUCT(LpKV);
     LP_FIELD(LpKV, k_type), LP_FIELD(LpKV, v_type), LP_FIELD(LpKV, pool_tokens), LP_FIELD(LpKV, k), LP_FIELD(LpKV, v);

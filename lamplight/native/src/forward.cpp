@@ -453,10 +453,13 @@ struct KeyRange {
     int64_t first, n;
 };
 
+// One past the last key position row r attends to: itself (causal), or its non-causal span's end.
+inline int64_t key_end(const LpBatch& b, int r) { return b.key_ends ? b.key_ends[r] : b.positions[r] + 1; }
+
 KeyRange key_range(const LpLayer& layer, const LpBatch& b, int r) {
     int64_t pos = b.positions[r];
     int64_t first = layer.window > 0 ? std::max<int64_t>(0, pos - layer.window + 1) : 0;
-    return {first, pos + 1 - first};
+    return {first, key_end(b, r) - first};
 }
 
 // `sinks`: the group's attention-sink logits (one per query head, joining each softmax without
@@ -731,7 +734,8 @@ void forward(Model& m, const LpBatch& b, const LpKV& kv, float* logits) {
     float* h = grow(m.h, (size_t)T * E);
     grow(m.x, (size_t)T * E);
     for_rows(T, [&](int r, int) {
-        for (int i = 0; i < E; i++) h[(int64_t)r * E + i] = b.embeddings[(int64_t)r * E + i] * c.embd_scale;
+        float scale = b.given_rows && b.given_rows[r] ? 1.0f : c.embd_scale;  // image rows are used as they are
+        for (int i = 0; i < E; i++) h[(int64_t)r * E + i] = b.embeddings[(int64_t)r * E + i] * scale;
     });
     for (int li = 0; li < c.n_layers; li++) layer_forward(m, li, b, kv, li > 0 ? &m.layers[li - 1] : nullptr);
     PhaseTimer timer;
@@ -882,7 +886,10 @@ int32_t check_batch(const Model& m, const LpBatch& b, const LpKV& kv) {
         if (b.write_slots[r] < 0 || b.write_slots[r] >= kv.pool_tokens)
             return lp::fail(LP_ERR_WRITE_SLOT, "write_slots[%d] = %lld is out of range [0, %lld)", r,
                             (long long)b.write_slots[r], (long long)kv.pool_tokens);
-        run_max = std::max(run_max, pos);
+        if (b.key_ends && b.key_ends[r] <= pos)
+            return lp::fail(LP_ERR_POSITION, "key_ends[%d] = %lld does not reach past its position %lld", r,
+                            (long long)b.key_ends[r], (long long)pos);
+        run_max = std::max(run_max, key_end(b, r) - 1);
         if (r + 1 < T && b.key_offsets[r + 1] == b.key_offsets[r]) continue;
         // The run's rows read key_slots[offset + p] for p <= run_max (fewer with a window).
         int64_t offset = b.key_offsets[r];

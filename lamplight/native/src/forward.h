@@ -120,6 +120,10 @@ typedef struct LpBatch {
     const int64_t* key_slots;     // pool index of key position p of row r: key_slots[key_offsets[r] + p]
     const int64_t* logit_rows;    // [n_logits]
     const float* lora_scales;     // [n_lora_scales] this step's scale per adapter (null: none loaded)
+    // Media rows (images), both null without them:
+    const int64_t* key_ends;      // [n_rows] row r attends to key positions < key_ends[r] (null: positions[r] + 1);
+                                  // a non-causal span's rows see up to its end
+    const uint8_t* given_rows;    // [n_rows] 1: the row's embedding is used as given, without embd_scale
 } LpBatch;
 
 typedef struct LpKV {

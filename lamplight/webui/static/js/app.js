@@ -1,7 +1,12 @@
 // The chat page: conversations in the sidebar, the selected one in the middle, a streaming
-// reply at the bottom. State lives here; store.js persists it, api.js talks to the server.
+// reply at the bottom. State lives here; store.js persists it (images.js the attached images),
+// api.js talks to the server.
 
 import { ApiError, getJson, streamChat } from "./api.js";
+import {
+  contentParts, imageFiles, imageProblem, imageUrl, imageUrls, imagesOf, pruneImages, readImage, saveImages,
+  storeImportedImages, withImageData,
+} from "./images.js";
 import { copyText, renderMarkdown } from "./markdown.js";
 import {
   SAMPLER_FIELDS, displayValue, loadSettings, parseCustom, parseValue, requestFields, saveSettings,
@@ -17,6 +22,8 @@ const state = {
   settings: loadSettings(),
   serverDefaults: {},  // default_generation_settings.params from /props
   needsApiKey: false,
+  vision: false,  // /props modalities.vision: the model takes images
+  pending: [],  // images attached in the composer, not sent yet: { id, url, name }
   generation: null,  // { controller, conversationId } while a reply streams
 };
 
@@ -27,6 +34,8 @@ async function connect() {
     const props = await getJson("props", state.settings.apiKey);
     state.serverDefaults = props.default_generation_settings?.params || {};
     $("model-name").textContent = props.model_alias || "";
+    state.vision = props.modalities?.vision === true;
+    $("attach").hidden = !state.vision;
     showBanner(null);
   } catch (error) {
     if (error.status === 503) {
@@ -91,6 +100,7 @@ function deleteConversation(id) {
   if (state.generation?.conversationId === id) stopGeneration();
   state.conversations = state.conversations.filter((c) => c.id !== id);
   persist();
+  pruneStoredImages();
   selectConversation(state.currentId === id ? null : state.currentId);
 }
 
@@ -188,6 +198,8 @@ function fillMessage(element, message, index) {
       Object.assign(document.createElement("div"), { className: "reasoning-text", textContent: message.reasoning }));
     element.append(details);
   }
+  const images = imagesOf(message);
+  if (images.length) element.append(imageStrip(images));
   const content = document.createElement("div");
   content.className = "content";
   if (message.role === "user") content.textContent = message.content;
@@ -232,17 +244,134 @@ function startEdit(index) {
   const element = $("messages").querySelector(`[data-index="${index}"]`);
   const editor = document.createElement("div");
   editor.className = "editor";
+  let images = imagesOf(conversation.messages[index]);  // re-sent unless removed here
+  const strip = document.createElement("div");
+  const removeImage = (id) => {
+    images = images.filter((kept) => kept !== id);
+    strip.replaceChildren(imageStrip(images, removeImage));
+  };
+  strip.replaceChildren(imageStrip(images, removeImage));
   const area = Object.assign(document.createElement("textarea"), { value: conversation.messages[index].content });
   const actions = document.createElement("div");
   actions.className = "actions";
   actions.append(button("Cancel", () => renderMessages()), button("Send", () => {
-    if (!area.value.trim()) return;
+    if (!area.value.trim() && !images.length) return;
     conversation.messages.splice(index);  // this message and everything after it
-    send(area.value);
+    send(area.value, images);
   }, "primary resend"));
-  editor.append(area, actions);
+  editor.append(strip, area, actions);
   element.replaceChildren(editor);
   area.focus();
+}
+
+// ---- images ------------------------------------------------------------------------------------
+
+// Thumbnails of stored images (by id); a click shows one full size. With `onRemove`, each has a
+// remove button instead (the composer's pending images, a message being edited).
+function imageStrip(ids, onRemove = null) {
+  const strip = document.createElement("div");
+  strip.className = "images";
+  for (const id of ids) {
+    const image = Object.assign(document.createElement("img"), { alt: "attached image" });
+    image.dataset.imageId = id;
+    imageUrl(id).then((url) => {
+      if (url) image.src = url;
+      else image.alt = "(image no longer stored in this browser)";
+    });
+    const thumb = document.createElement("span");
+    thumb.className = "thumb";
+    if (onRemove) {
+      const remove = button("\u00d7", () => onRemove(id), "remove-image");
+      remove.setAttribute("aria-label", "Remove image");
+      thumb.append(image, remove);
+    } else {
+      const view = button("", () => viewImage(image.src), "view-image");
+      view.setAttribute("aria-label", "View full size");
+      view.append(image);
+      thumb.append(view);
+    }
+    strip.append(thumb);
+  }
+  return strip;
+}
+
+function viewImage(url) {
+  if (!url) return;
+  $("viewer-image").src = url;
+  $("image-viewer").showModal();
+}
+
+function renderAttachments() {
+  const box = $("attachments");
+  box.hidden = !state.pending.length;
+  box.replaceChildren(imageStrip(state.pending.map((image) => image.id), removePending));
+}
+
+function removePending(id) {
+  state.pending = state.pending.filter((image) => image.id !== id);
+  showNotice(null);
+  renderAttachments();
+}
+
+const NO_VISION = "This model cannot take images (the server has no vision projector: start it with --mmproj).";
+
+// Attaches the image files among a pick, a paste or a drop; says why any other file is refused.
+async function attachFiles(files) {
+  if (!files.length) return;
+  if (!state.vision) return showNotice(NO_VISION);
+  const problems = [];
+  for (const file of files) {
+    const problem = imageProblem(file);
+    if (problem) problems.push(problem);
+    else state.pending.push(await readImage(file));
+  }
+  showNotice(problems.join(" ") || null);
+  renderAttachments();
+}
+
+function showNotice(text) {
+  $("composer-notice").hidden = !text;
+  $("composer-notice").textContent = text || "";
+}
+
+// A paste of image files attaches them. Where the clipboard also holds plain text (a spreadsheet
+// copies its cells as text and as a picture of them, a file manager a file's name) the text pastes
+// too, and a model without vision quietly gets the text alone: the user removes what was not meant.
+function onPaste(event) {
+  const data = event.clipboardData;
+  const images = imageFiles(data?.files);
+  if (!images.length) return;
+  const withText = Boolean(data.getData("text/plain"));
+  if (!withText) event.preventDefault();
+  if (state.vision || !withText) attachFiles(images);
+}
+
+const draggingFiles = (event) => [...(event.dataTransfer?.types || [])].includes("Files");
+
+function onDragOver(event) {
+  if (!draggingFiles(event)) return;  // dragged text goes into the textarea as usual
+  event.preventDefault();
+  $("composer").classList.add("dropping");
+}
+
+function onDragLeave(event) {
+  if (!$("composer").contains(event.relatedTarget)) $("composer").classList.remove("dropping");
+}
+
+function onDrop(event) {
+  if (!draggingFiles(event)) return;
+  event.preventDefault();
+  $("composer").classList.remove("dropping");
+  attachFiles([...event.dataTransfer.files]);
+}
+
+// Files dropped beside the composer would make the browser open them in place of the chat.
+function ignoreStrayDrop(event) {
+  if (draggingFiles(event)) event.preventDefault();
+}
+
+function pruneStoredImages() {
+  pruneImages(state.conversations).catch(() => {});  // storage unavailable: nothing was stored either
 }
 
 function regenerate(index) {
@@ -255,32 +384,53 @@ function regenerate(index) {
 
 // ---- generation ----------------------------------------------------------------------------
 
-function send(text) {
-  if (state.generation || !text.trim()) return;
+function sendFromComposer() {
+  if (state.generation) return;
+  const pending = state.pending;
+  if (!send($("input").value, pending.map((image) => image.id))) return;
+  state.pending = [];
+  showNotice(null);
+  renderAttachments();
+  saveImages(pending).catch((error) => {
+    showBanner(`Could not keep the images in this browser (they are sent, but lost on reload): ${error.message}`);
+  });
+}
+
+// Adds a user message (`images`: ids of images already in memory or storage) and asks for a reply.
+function send(text, images = []) {
+  if (state.generation || (!text.trim() && !images.length)) return false;
   const conversation = ensureConversation();
-  if (!conversation.messages.length) conversation.title = titleFrom(text);
-  conversation.messages.push({ role: "user", content: text });
+  if (!conversation.messages.length) conversation.title = titleFrom(text.trim() ? text : "Image");
+  const message = { role: "user", content: text };
+  if (images.length) message.images = images;
+  conversation.messages.push(message);
   $("input").value = "";
   persist();
   renderSidebar();
   renderMessages();
   generate();
+  return true;
 }
 
-function requestBody(conversation) {
-  const messages = conversation.messages.filter((m) => !m.error || m.content)
-    .map((m) => ({ role: m.role, content: m.content }));
+// The request body, images as data URLs (read from storage: hence async).
+async function requestBody(history, fields) {
+  const messages = await Promise.all(history.filter((m) => !m.error || m.content).map(async (m) => {
+    const images = imagesOf(m);
+    // Text-only messages stay plain strings: the request of a text chat is as it always was.
+    return { role: m.role, content: images.length ? contentParts(m.content, await imageUrls(images)) : m.content };
+  }));
   if (state.settings.system.trim()) messages.unshift({ role: "system", content: state.settings.system });
-  return { ...requestFields(state.settings), messages, stream: true, return_progress: true,
+  return { ...fields, messages, stream: true, return_progress: true,
     timings_per_token: false, stream_options: { include_usage: true } };
 }
 
 async function generate() {
   const conversation = current();
-  let body;
+  const history = conversation.messages.slice();
+  let fields;
   const reply = { role: "assistant", content: "", reasoning: "" };
   try {
-    body = requestBody(conversation);
+    fields = requestFields(state.settings);
   } catch (error) {
     reply.error = error.message;  // bad custom JSON: say so where the reply would have been
   }
@@ -288,12 +438,13 @@ async function generate() {
   const element = messageElement(reply, conversation.messages.length - 1);
   $("messages").querySelector("#empty")?.remove();
   $("messages").append(element);
-  if (!body) return finishReply(conversation, reply, element);
+  if (!fields) return finishReply(conversation, reply, element);
   const controller = new AbortController();
   state.generation = { controller, conversationId: conversation.id, message: reply };
   setBusy(true);
   fillMessage(element, reply, conversation.messages.length - 1);
   try {
+    const body = await requestBody(history, fields);
     for await (const chunk of streamChat(body, { apiKey: state.settings.apiKey, signal: controller.signal })) {
       applyChunk(reply, chunk);
       scheduleRender(element, reply, conversation);
@@ -438,8 +589,8 @@ function closeSidebarOnPhone() {
   toggleSidebar(false);
 }
 
-function exportConversations() {
-  const blob = new Blob([exportJson(state.conversations)], { type: "application/json" });
+async function exportConversations() {
+  const blob = new Blob([exportJson(await withImageData(state.conversations))], { type: "application/json" });
   const link = Object.assign(document.createElement("a"), {
     href: URL.createObjectURL(blob), download: `lamplight-conversations-${new Date().toISOString().slice(0, 10)}.json`,
   });
@@ -454,7 +605,7 @@ async function importConversations(event) {
   event.target.value = "";
   if (!file) return;
   try {
-    const imported = importJson(await file.text(), state.conversations);
+    const imported = await storeImportedImages(importJson(await file.text(), state.conversations));
     state.conversations.push(...imported);
     persist();
     showBanner(`Imported ${imported.length} conversation${imported.length === 1 ? "" : "s"}.`, "info");
@@ -469,12 +620,12 @@ async function importConversations(event) {
 function onComposerKey(event) {
   if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
     event.preventDefault();
-    send($("input").value);
+    sendFromComposer();
   }
 }
 
 function onGlobalKey(event) {
-  if (event.key === "Escape" && state.generation && !$("settings").open) {
+  if (event.key === "Escape" && state.generation && !$("settings").open && !$("image-viewer").open) {
     event.preventDefault();
     stopGeneration();
   }
@@ -485,7 +636,18 @@ function start() {
   matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => applyTheme(document.documentElement.dataset.theme));
   const remembered = localStorage.getItem("lamplight.current");
   state.currentId = state.conversations.some((c) => c.id === remembered) ? remembered : null;
-  $("composer").addEventListener("submit", (event) => { event.preventDefault(); send($("input").value); });
+  $("composer").addEventListener("submit", (event) => { event.preventDefault(); sendFromComposer(); });
+  $("attach-input").addEventListener("change", (event) => {
+    attachFiles([...event.target.files]);
+    event.target.value = "";  // the same file can be picked again
+  });
+  $("composer").addEventListener("paste", onPaste);
+  $("composer").addEventListener("dragover", onDragOver);
+  $("composer").addEventListener("dragleave", onDragLeave);
+  $("composer").addEventListener("drop", onDrop);
+  document.addEventListener("dragover", ignoreStrayDrop);
+  document.addEventListener("drop", ignoreStrayDrop);
+  $("image-viewer").addEventListener("click", () => $("image-viewer").close());
   $("input").addEventListener("keydown", onComposerKey);
   document.addEventListener("keydown", onGlobalKey);
   $("stop").addEventListener("click", stopGeneration);
@@ -503,6 +665,7 @@ function start() {
   renderSidebar();
   renderMessages();
   connect();
+  pruneStoredImages();
   $("input").focus();
 }
 

@@ -1,5 +1,6 @@
 // Conversations live in the browser's localStorage: one JSON array, saved whole on each change
 // (a chat history is small next to localStorage's few megabytes, and one key keeps saves atomic).
+// Attached images are not in it: a message names them by id, images.js keeps them in IndexedDB.
 
 const KEY = "lamplight.conversations";
 
