@@ -20,10 +20,12 @@ from ..gguf.quant import dequantize, dequantize_rows
 from ..models.batch import ForwardBatch
 from ..models.layers import Rotary, shift_kv
 from ..models.lora import LoraAdapter, LoraScales, check_adapters
-from ..models.spec import DecoderSpec, ExpertsSpec, FeedForwardSpec, LayerSpec
+from ..models.recurrent import advance_states
+from ..models.spec import DecoderSpec, DeltaNetSpec, ExpertsSpec, FeedForwardSpec, LayerSpec
 from ..runner.base import ModelRunner
 from ..state import ModelState
 from ..state.kv import KVPool
+from ..state.recurrent import RecurrentPool
 from . import abi
 from .abi import NativeUnsupported
 
@@ -57,6 +59,7 @@ class NativeRunner(ModelRunner):
         self._adapters: list[LoraAdapter] = []
         self._packed: dict[tuple[str, ...], list] = {}  # packed parts by weight names (kept across rebuilds)
         self._kv_desc: tuple[KVPool, abi.KV] | None = None  # (the pool, its description)
+        self._state_desc: tuple[RecurrentPool, abi.States] | None = None  # likewise for recurrent state
         self.handle = None
         self._rebuild()
         lib.lp_set_threads(torch.get_num_threads())  # -t sets torch's count before loading
@@ -79,12 +82,15 @@ class NativeRunner(ModelRunner):
     def _rebuild(self) -> None:
         self._keep: list = []  # every array the C side points into
         config = self._describe_config()
-        layers = (abi.Layer * len(self.spec.layers))(*(self._describe_layer(layer) for layer in self.spec.layers))
+        state_index = itertools.count()
+        layers = (abi.Layer * len(self.spec.layers))(*(
+            self._describe_layer(layer, next(state_index) if layer.recurrent is not None else None)
+            for layer in self.spec.layers))
         if self.handle:
             self.lib.lp_model_free(self.handle)
         self._config, self._layers = config, layers
         self.handle = self.lib.lp_model_new(ctypes.byref(config), layers)
-        self._has_loras = any(lin.n_loras for layer in layers for lin in (layer.qkv, layer.wo, layer.gate_up, layer.down))
+        self._has_loras = any(lin.n_loras for layer in layers for lin in self._layer_linears(layer))
 
     def describe(self) -> str:
         """The kernel set, for the start-up log and /props: e.g. 'native avx512vnni (w4, w8_32; 2 threads)'."""
@@ -100,7 +106,8 @@ class NativeRunner(ModelRunner):
         return self.lib.lp_model_scratch_bytes(self.handle)
 
     def shift_kv(self, state: ModelState, src: torch.Tensor, dst: torch.Tensor, delta: int) -> None:
-        shift_kv(state.kv, [self.ropes[layer.attn.rope] for layer in self.spec.layers], src, dst, delta)
+        owners = [layer.attn for layer in self.spec.layers if layer.attn is not None and layer.attn.owns_kv]
+        shift_kv(state.kv, [self.ropes[attn.rope] for attn in owners], src, dst, delta)
 
     def __del__(self):
         handle = getattr(self, "handle", None)
@@ -158,9 +165,17 @@ class NativeRunner(ModelRunner):
             self._keep.append(array)
             lin.n_loras, lin.loras = len(loras), ctypes.cast(array, ctypes.POINTER(abi.Lora))
 
+    @staticmethod
+    def _layer_linears(layer: abi.Layer) -> list[abi.Linear]:
+        linears = [layer.qkv, layer.wo, layer.gate_up, layer.down]
+        if layer.recurrent:
+            mixer = abi.Recurrent.from_address(layer.recurrent)
+            linears += [mixer.in_proj, mixer.out]
+        return linears
+
     def _parts(self):
         for layer in self._layers:
-            for lin in (layer.qkv, layer.wo, layer.gate_up, layer.down):
+            for lin in self._layer_linears(layer):
                 yield from lin.parts[: lin.n_parts]
         yield from self._config.head.parts[: self._config.head.n_parts]
 
@@ -191,25 +206,43 @@ class NativeRunner(ModelRunner):
         c.head = self._linear(head, spec.output_bias)
         return c
 
-    def _describe_layer(self, spec: LayerSpec) -> abi.Layer:
+    def _describe_layer(self, spec: LayerSpec, state_index: int | None) -> abi.Layer:
         attn, ffn = spec.attn, spec.ffn
         layer = abi.Layer()
-        layer.qkv = self._linear(attn.qkv.weights, attn.qkv.bias)
-        layer.wo = self._linear(attn.wo.weights, attn.wo.bias)
+        if spec.recurrent is not None:
+            layer.recurrent = self._recurrent(spec.recurrent, state_index)
+        else:
+            layer.qkv = self._linear(attn.qkv.weights, attn.qkv.bias)
+            layer.wo = self._linear(attn.wo.weights, attn.wo.bias)
+            layer.q_norm, layer.k_norm = self._hold(attn.q_norm), self._hold(attn.k_norm)
+            head_dim = self.spec.config.head_dim_k
+            layer.qk_norm_whole = int(any(n is not None and n.numel() != head_dim for n in (attn.q_norm, attn.k_norm)))
+            layer.rope = attn.rope
+            layer.window = attn.window or 0
+            layer.sinks = self._hold(attn.sinks)
+            layer.kv_layer, layer.output_gate = attn.kv_layer, int(attn.output_gate)
         if isinstance(ffn, FeedForwardSpec):
             layer.gate_up = self._linear(ffn.gate_up.weights, ffn.gate_up.bias)
             layer.down = self._linear(ffn.down.weights, ffn.down.bias)
         else:
             layer.moe = self._experts(ffn)
-        layer.sinks = self._hold(attn.sinks)
         layer.attn_norm, layer.ffn_norm = self._hold(spec.attn_norm), self._hold(spec.ffn_norm)
         layer.post_attn_norm, layer.post_ffn_norm = self._hold(spec.post_attn_norm), self._hold(spec.post_ffn_norm)
-        layer.q_norm, layer.k_norm = self._hold(attn.q_norm), self._hold(attn.k_norm)
-        head_dim = self.spec.config.head_dim_k
-        layer.qk_norm_whole = int(any(n is not None and n.numel() != head_dim for n in (attn.q_norm, attn.k_norm)))
-        layer.rope = attn.rope
-        layer.window = attn.window or 0
         return layer
+
+    def _recurrent(self, spec: DeltaNetSpec, state_index: int) -> int:
+        """A recurrent mixer's description (its address); `state_index`: its place in the
+        recurrent state pool."""
+        mixer = abi.Recurrent()
+        mixer.kind, mixer.state = abi.LP_MIX_DELTANET, state_index
+        mixer.n_k_heads, mixer.n_v_heads, mixer.head_dim = spec.n_k_heads, spec.n_v_heads, spec.head_dim
+        mixer.channels, mixer.conv_kernel = spec.conv.shape
+        mixer.in_proj = self._linear(spec.in_proj.weights, spec.in_proj.bias)
+        mixer.out = self._linear(spec.out.weights, spec.out.bias)
+        mixer.conv, mixer.dt_bias = self._hold(spec.conv), self._hold(spec.dt_bias)
+        mixer.a, mixer.norm = self._hold(spec.a), self._hold(spec.norm)
+        self._keep.append(mixer)
+        return ctypes.addressof(mixer)
 
     def _experts(self, ffn: ExpertsSpec):
         """A mixture-of-experts layer: the router in float32, each expert packed on its own."""
@@ -237,8 +270,8 @@ class NativeRunner(ModelRunner):
             desc = abi.KV()
             layout = kv.layout
             if kv.k[0].shape[::2] != (layout.n_kv_heads, layout.head_dim_k) or kv.v[0].shape[::2] != (
-                    layout.n_kv_heads, layout.head_dim_v) or layout != self.spec.config.kv_layout:
-                raise ValueError(f"native forward: a KV pool of layout {layout}, the model's is {self.spec.config.kv_layout}")
+                    layout.n_kv_heads, layout.head_dim_v) or layout != self.spec.state_spec.kv:
+                raise ValueError(f"native forward: a KV pool of layout {layout}, the model's is {self.spec.state_spec.kv}")
             desc.k_type, desc.v_type = KV_TYPES[kv.k[0].dtype], KV_TYPES[kv.v[0].dtype]
             desc.pool_tokens = kv.k[0].shape[1]
             desc.n_layers = n  # the C side checks the pool has the model's layers
@@ -274,12 +307,48 @@ class NativeRunner(ModelRunner):
                       positions=_ptr(positions), write_slots=_ptr(write_slots), key_offsets=_ptr(key_offsets),
                       key_slots=_ptr(key_slots), logit_rows=_ptr(logit_rows), lora_scales=_ptr(scales))
         pool = self._kv(state.kv)
-        rc = self.lib.lp_forward(self.handle, ctypes.byref(b), ctypes.byref(pool), logits.data_ptr())
+        states = self._states(batch, state.recurrent) if self._recurrent_layers else None
+        rc = self.lib.lp_forward_states(self.handle, ctypes.byref(b), ctypes.byref(pool),
+                                        None if states is None else ctypes.byref(states), logits.data_ptr())
         if rc == abi.LP_ERR_UNSUPPORTED:
             raise NativeUnsupported(abi.last_error(self.lib)[1])
         if rc != abi.LP_OK:
             raise abi.error(self.lib, rc)  # ValueError naming the array, row and value out of range
+        if states is not None:
+            advance_states(batch, state.recurrent)
         return logits
+
+    @property
+    def _recurrent_layers(self) -> int:
+        return len(self.spec.state_spec.recurrent)
+
+    def _states(self, batch: ForwardBatch, pool: RecurrentPool | None) -> abi.States:
+        """The recurrent pool's description with this step's row slots; each chunk's start is
+        checked against its slot (as the PyTorch path checks it)."""
+        if pool is None:
+            raise ValueError("this model has recurrent layers: its state needs recurrent slots (new_state)")
+        seen = set()
+        for chunk in batch.chunks:
+            pool.check_start(chunk.state_slot, chunk.start_pos)
+            if chunk.state_slot in seen:
+                raise ValueError(f"two chunks of one step on recurrent state slot {chunk.state_slot}")
+            seen.add(chunk.state_slot)
+        if self._state_desc is None or self._state_desc[0] is not pool:
+            if pool.layouts != self.spec.state_spec.recurrent or any(
+                    not t.is_contiguous() or t.dtype != torch.float32 for t in (*pool.history, *pool.matrix)):
+                raise ValueError("native forward: a recurrent state pool not laid out for this model")
+            desc = abi.States(n_layers=len(pool.layouts), n_slots=pool.n_sequences)
+            desc._history = (ctypes.c_void_p * len(pool.history))(*(t.data_ptr() for t in pool.history))
+            desc._matrix = (ctypes.c_void_p * len(pool.matrix))(*(_ptr(t) for t in pool.matrix))
+            desc.history = ctypes.cast(desc._history, ctypes.POINTER(ctypes.c_void_p))
+            desc.matrix = ctypes.cast(desc._matrix, ctypes.POINTER(ctypes.c_void_p))
+            self._state_desc = (pool, desc)
+        desc = self._state_desc[1]
+        slots = np.fromiter(itertools.chain.from_iterable([c.state_slot] * len(c.token_ids) for c in batch.chunks),
+                            dtype=np.int64, count=batch.token_ids.numel())
+        desc._row_slots = slots  # kept alive for the call
+        desc.n_rows, desc.row_slots = slots.size, _ptr(slots)
+        return desc
 
 
 
@@ -298,7 +367,7 @@ def _pack_groups(infos: list) -> list[tuple[list, object]]:
 
 # Architectures the native forward does not compute yet (recurrent mixers, gemma4's per-layer
 # inputs and shared KV, smollm3's NoPE layers): the "fast" backend serves them on PyTorch's kernels.
-NOT_NATIVE_ARCHITECTURES = frozenset({"qwen35", "qwen35moe", "lfm2", "granitehybrid", "gemma4", "smollm3"})
+NOT_NATIVE_ARCHITECTURES = frozenset({"qwen35moe", "lfm2", "granitehybrid", "gemma4", "smollm3"})
 
 
 def _check_supported(spec: DecoderSpec) -> None:
@@ -314,10 +383,32 @@ def _check_supported(spec: DecoderSpec) -> None:
         raise NativeUnsupported(f"the activation {', '.join(unknown)}")
     if len(spec.ropes) > 2 or len({(r.neox, r.n_rot) for r in spec.ropes}) > 1:
         raise NativeUnsupported("two rope layouts")
-    for layer in spec.layers:
+    for i, layer in enumerate(spec.layers):
         ffn = layer.ffn
         if isinstance(ffn, ExpertsSpec) and (ffn.n_expert > abi.MAX_EXPERTS or ffn.n_used > abi.MAX_EXPERTS_USED):
             raise NativeUnsupported(f"{ffn.n_expert} experts, {ffn.n_used} used")
+        _check_mixer(spec, i, layer)
+
+
+def _check_mixer(spec: DecoderSpec, i: int, layer: LayerSpec) -> None:
+    """What the native forward computes of a layer's token mixer and extras: attention with the
+    model's head shape and a rope, Gated DeltaNet."""
+    cfg = spec.config
+    if layer.recurrent is not None and not isinstance(layer.recurrent, DeltaNetSpec):
+        raise NativeUnsupported(f"layer {i}: the recurrent mixer {type(layer.recurrent).__name__}")
+    if isinstance(layer.ffn, ExpertsSpec) and layer.ffn.shared is not None:
+        raise NativeUnsupported(f"layer {i}: a shared expert")
+    if layer.per_layer_input is not None or layer.output_scale is not None:
+        raise NativeUnsupported(f"layer {i}: per-layer inputs or an output scale")
+    attn = layer.attn
+    if attn is None:
+        return
+    shape = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim_k, cfg.head_dim_v)
+    h = attn.heads
+    if (h.n_heads, h.n_kv_heads, h.head_dim_k, h.head_dim_v) != shape:
+        raise NativeUnsupported(f"layer {i}: heads {h} other than the model's")
+    if attn.rope is None or not attn.owns_kv or attn.value_from_key or attn.value_norm:
+        raise NativeUnsupported(f"layer {i}: attention without rope, on shared K/V, or with V from K or normed")
 
 
 def _expert(bank: TensorInfo, e: int) -> TensorInfo:

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "forward.h"
+#include "recurrent.h"
 
 namespace {
 
@@ -53,7 +54,19 @@ std::string describe() {
     LP_FIELD(LpLayer, attn_norm), LP_FIELD(LpLayer, ffn_norm), LP_FIELD(LpLayer, q_norm), LP_FIELD(LpLayer, k_norm);
     LP_FIELD(LpLayer, post_attn_norm), LP_FIELD(LpLayer, post_ffn_norm);
     LP_FIELD(LpLayer, rope), LP_FIELD(LpLayer, window), LP_FIELD(LpLayer, qk_norm_whole), LP_FIELD(LpLayer, reserved);
-    LP_FIELD(LpLayer, sinks), LP_FIELD(LpLayer, moe);
+    LP_FIELD(LpLayer, sinks), LP_FIELD(LpLayer, moe), LP_FIELD(LpLayer, kv_layer), LP_FIELD(LpLayer, output_gate);
+    LP_FIELD(LpLayer, recurrent);
+
+    LP_STRUCT(LpRecurrent);
+    LP_FIELD(LpRecurrent, kind), LP_FIELD(LpRecurrent, state), LP_FIELD(LpRecurrent, n_k_heads);
+    LP_FIELD(LpRecurrent, n_v_heads), LP_FIELD(LpRecurrent, head_dim), LP_FIELD(LpRecurrent, conv_kernel);
+    LP_FIELD(LpRecurrent, channels), LP_FIELD(LpRecurrent, reserved), LP_FIELD(LpRecurrent, in_proj);
+    LP_FIELD(LpRecurrent, out), LP_FIELD(LpRecurrent, conv), LP_FIELD(LpRecurrent, dt_bias), LP_FIELD(LpRecurrent, a);
+    LP_FIELD(LpRecurrent, norm);
+
+    LP_STRUCT(LpStates);
+    LP_FIELD(LpStates, n_layers), LP_FIELD(LpStates, n_slots), LP_FIELD(LpStates, n_rows), LP_FIELD(LpStates, reserved);
+    LP_FIELD(LpStates, row_slots), LP_FIELD(LpStates, history), LP_FIELD(LpStates, matrix);
 
     LP_STRUCT(LpConfig);
     LP_FIELD(LpConfig, n_layers), LP_FIELD(LpConfig, n_embd), LP_FIELD(LpConfig, n_heads);
@@ -79,6 +92,7 @@ std::string describe() {
     LP_CONST(LP_ACT_SILU), LP_CONST(LP_ACT_GELU_TANH), LP_CONST(LP_ACT_SWIGLU_OAI);
     LP_CONST(LP_GATING_SOFTMAX), LP_CONST(LP_GATING_SOFTMAX_SELECTED);
     LP_CONST(LP_KV_F32), LP_CONST(LP_KV_F16), LP_CONST(LP_KV_BF16);
+    LP_CONST(LP_MIX_DELTANET);
     LP_CONST(LP_MAX_PARTS), LP_CONST(LP_MAX_EXPERTS), LP_CONST(LP_MAX_EXPERTS_USED), LP_CONST(LP_MAX_LORA_RANK);
     LP_CONST(LP_MAX_EMBD), LP_CONST(LP_MAX_HEAD_DIM), LP_CONST(LP_PROFILE_PHASES);
     LP_CONST(LP_W4), LP_CONST(LP_W8), LP_CONST(LP_W8_32), LP_CONST(LP_FLAG_MIN), LP_CONST(LP_FLAG_ZERO8);

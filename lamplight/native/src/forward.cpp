@@ -8,51 +8,22 @@
 #include <vector>
 
 #include "pool.h"
+#include "recurrent.h"
+#include "vec.h"
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
 namespace {
 
+using lp::dot;
+using lp::exp_approx;
+using lp::rms_norm;
+using lp::silu;
 using std::vector;
 
 // ---------------------------------------------------------------------------------------------
-// Small vector helpers. Each reduces in one fixed order for a given build, so a row's result
-// never depends on the rows around it.
-
-// The reduction order of dot() is the AVX2 one in every build (two 8-lane accumulators, then a
-// fixed tree), so the generic build computes the same bits as the vector builds.
-float dot(const float* a, const float* b, int n) {
-    int i = 0;
-#if defined(__AVX2__)
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-    }
-    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    __m256 acc = _mm256_add_ps(acc0, acc1);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    float sum = _mm_cvtss_f32(s);
-#else
-    float acc0[8] = {0}, acc1[8] = {0};
-    for (; i + 16 <= n; i += 16)
-        for (int l = 0; l < 8; l++) {
-            acc0[l] = std::fma(a[i + l], b[i + l], acc0[l]);
-            acc1[l] = std::fma(a[i + 8 + l], b[i + 8 + l], acc1[l]);
-        }
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) acc0[l] = std::fma(a[i + l], b[i + l], acc0[l]);
-    float acc[8], quad[4];
-    for (int l = 0; l < 8; l++) acc[l] = acc0[l] + acc1[l];
-    for (int l = 0; l < 4; l++) quad[l] = acc[l] + acc[l + 4];
-    float sum = (quad[0] + quad[2]) + (quad[1] + quad[3]);
-#endif
-    for (; i < n; i++) sum = std::fma(a[i], b[i], sum);
-    return sum;
-}
+// KV conversions (vec.h has the reductions, each in one fixed order for a given build).
 
 float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
@@ -131,40 +102,12 @@ void store_kv(void* base, int type, int64_t index, int n, const float* in) {
     for (int i = 0; i < n; i++) dst[i] = type == LP_KV_F16 ? float_to_half(in[i]) : float_to_bf16(in[i]);
 }
 
-void rms_norm(const float* x, const float* w, float eps, int n, float* out) {
-    float mean = dot(x, x, n) / (float)n;
-    float scale = 1.0f / std::sqrt(mean + eps);
-    for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
-}
-
-// exp(x) as Cephes' expf: x = n ln2 + r, a degree-6 polynomial for e^r, and 2^n by exponent
-// bits. Only plain float operations with no branch, so GCC vectorises the loops that call it
-// with the same results in every build (libm's expf is scalar, and was most of attention's time).
-inline float exp_approx(float x) {
-    x = std::min(std::max(x, -87.3f), 88.3f);
-    float n = std::nearbyint(x * 1.44269504088896341f);
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    float y = p * r * r + r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, 4);
-    return y * scale;
-}
-
 inline float gelu_tanh(float x) {
     const float c = 0.7978845608028654f;  // sqrt(2 / pi)
     float t = 1.0f - 2.0f / (exp_approx(2.0f * c * (x + 0.044715f * x * x * x)) + 1.0f);  // tanh
     return 0.5f * x * (1.0f + t);
 }
 
-inline float silu(float x) { return x / (1.0f + exp_approx(-x)); }
 
 // ---------------------------------------------------------------------------------------------
 // Optional wall-clock time per phase (lp_profile), to show where a step's time goes.
@@ -199,7 +142,7 @@ struct Model {
     LpConfig cfg;
     vector<LpLayer> layers;
     // Scratch, grown as needed (one forward at a time: the engine thread).
-    vector<float> h, x, qkv, attn, out, gate_up, act, logits_in;
+    vector<float> h, x, qkv, attn, gate, out, gate_up, act, logits_in;
     vector<uint8_t> acts;
     vector<vector<float>> thread_scratch;
     vector<float> shared_kv;  // converted keys of multi-row chunks (attention)
@@ -210,6 +153,9 @@ struct Model {
     vector<float> moe_weights, moe_outputs, moe_x, moe_gate_up, moe_act, moe_y;
     vector<vector<int>> moe_rows;
     int32_t n_adapters = 0;  // the largest LoRA adapter index + 1: a step's lora_scales need as many
+    int32_t n_kv_layers = 0;  // the KV pool's layers (those of the attention layers that own K/V)
+    vector<const LpRecurrent*> mixers;  // the recurrent layers, by state index
+    lp::RecurrentStep recurrent;        // this step's runs and new recurrent states
 };
 
 template <class T>
@@ -334,6 +280,20 @@ void norm_heads(float* x, const float* weight, bool whole, int n_heads, int d, f
         rms_norm(x + h * d, weight, eps, span, tmp.data());
         std::memcpy(x + h * d, tmp.data(), span * sizeof(float));
     }
+}
+
+// Q rows interleaved per head as [q_h | gate_h] (qwen35): the gates to `gate`, the row made
+// [q | k | v] as the other layers' rows.
+void split_output_gate(const LpConfig& c, float* row, int n_qkv, float* gate) {
+    int dk = c.head_dim_k, n_q = c.n_heads * dk;
+    thread_local vector<float> q;
+    q.resize(n_q);
+    for (int h = 0; h < c.n_heads; h++) {
+        std::memcpy(q.data() + h * dk, row + 2 * h * dk, dk * sizeof(float));
+        std::memcpy(gate + h * dk, row + 2 * h * dk + dk, dk * sizeof(float));
+    }
+    std::memcpy(row, q.data(), n_q * sizeof(float));
+    std::memmove(row + n_q, row + 2 * n_q, (n_qkv - 2 * n_q) * sizeof(float));
 }
 
 // Q/K norms, rotary embedding, and K/V into the pool, for one row.
@@ -663,16 +623,55 @@ void branch_input(const float* hr, const float* norm, const LpConfig& c, float* 
         std::memcpy(x, hr, c.n_embd * sizeof(float));
 }
 
+// The attention branch: out [T, E] from the normed (and quantized) rows x.
+void attention_branch(Model& m, const LpLayer& layer, const LpBatch& b, const LpKV& kv, const float* x, float* out,
+                      PhaseTimer& timer) {
+    const LpConfig& c = m.cfg;
+    int T = b.n_rows, n_qkv = layer.qkv.n_out, n_attn = c.n_heads * c.head_dim_v, n_q = c.n_heads * c.head_dim_k;
+    float* qkv = grow(m.qkv, (size_t)T * n_qkv);
+    float* attn = grow(m.attn, (size_t)T * n_attn);
+    float* gate = layer.output_gate ? grow(m.gate, (size_t)T * n_q) : nullptr;
+    linear(layer.qkv, x, T, qkv, m.acts, true, b.lora_scales);
+    timer.lap(P_QKV);
+    for_rows(T, [&](int r, int) {
+        float* row = qkv + (int64_t)r * n_qkv;
+        if (gate) split_output_gate(c, row, n_qkv, gate + (int64_t)r * n_q);
+        prepare_row(m, layer, layer.kv_layer, b, kv, r, row);
+    });
+    timer.lap(P_ROPE_KV);
+    attention(m, layer, layer.kv_layer, b, kv, qkv, n_qkv, attn);
+    if (gate)
+        for_rows(T, [&](int r, int) {
+            float* a = attn + (int64_t)r * n_attn;
+            const float* g = gate + (int64_t)r * n_q;
+            for (int i = 0; i < n_attn; i++) a[i] *= lp::sigmoid(g[i]);
+        });
+    timer.lap(P_ATTENTION);
+    linear(layer.wo, attn, T, out, m.acts, false, b.lora_scales);
+    timer.lap(P_WO);
+}
+
+// A recurrent branch (src/recurrent.h): in_proj, the per-sequence scan, out.
+void recurrent_branch(Model& m, const LpRecurrent& mixer, const LpBatch& b, const float* x, float* out,
+                      PhaseTimer& timer) {
+    int T = b.n_rows;
+    float* proj = grow(m.qkv, (size_t)T * mixer.in_proj.n_out);
+    float* inner = grow(m.attn, (size_t)T * mixer.n_v_heads * mixer.head_dim);
+    linear(mixer.in_proj, x, T, proj, m.acts, true, b.lora_scales);
+    timer.lap(P_QKV);
+    lp::deltanet_scan(mixer, b, m.cfg.rms_eps, proj, m.recurrent, inner);
+    timer.lap(P_ATTENTION);
+    linear(mixer.out, inner, T, out, m.acts, false, b.lora_scales);
+    timer.lap(P_WO);
+}
+
 // One decoder layer. `pending`: the previous layer, whose MLP output (in m.out) is added to the
 // residual stream in this layer's first phase (one parallel phase fewer per layer).
 void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpLayer* pending) {
     const LpConfig& c = m.cfg;
     const LpLayer& layer = m.layers[li];
     int T = b.n_rows, E = c.n_embd, F = c.n_ff;
-    int n_qkv = layer.qkv.n_out, n_attn = c.n_heads * c.head_dim_v;
     float *h = m.h.data(), *x = m.x.data();
-    float* qkv = grow(m.qkv, (size_t)T * n_qkv);
-    float* attn = grow(m.attn, (size_t)T * n_attn);
     float* out = grow(m.out, (size_t)T * E);
     float* gu = grow(m.gate_up, (size_t)T * 2 * F);
     float* act = grow(m.act, (size_t)T * F);
@@ -686,14 +685,10 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpL
         quantize_row(x, E, r, acts);
     });
     timer.lap(P_NORM);
-    linear(layer.qkv, x, T, qkv, m.acts, true, b.lora_scales);
-    timer.lap(P_QKV);
-    for_rows(T, [&](int r, int) { prepare_row(m, layer, li, b, kv, r, qkv + (int64_t)r * n_qkv); });
-    timer.lap(P_ROPE_KV);
-    attention(m, layer, li, b, kv, qkv, n_qkv, attn);
-    timer.lap(P_ATTENTION);
-    linear(layer.wo, attn, T, out, m.acts, false, b.lora_scales);
-    timer.lap(P_WO);
+    if (layer.recurrent)
+        recurrent_branch(m, *layer.recurrent, b, x, out, timer);
+    else
+        attention_branch(m, layer, b, kv, x, out, timer);
     acts = acts_for(m.acts, T, E);
     for_rows(T, [&](int r, int) {
         float* hr = h + (int64_t)r * E;
@@ -755,6 +750,7 @@ void forward(Model& m, const LpBatch& b, const LpKV& kv, float* logits) {
                 for (int j = 0; j < c.vocab; j++) row[j] = std::tanh(row[j] / c.final_softcap) * c.final_softcap;
         });
     timer.lap(P_HEAD);
+    lp::commit_states(m.recurrent);  // the step succeeded: its sequences' new recurrent states
 }
 
 // -- checks at the C boundary -----------------------------------------------------------------
@@ -809,17 +805,35 @@ int32_t check_experts(const LpExperts& ex, const LpConfig& c, int li, int32_t& n
     return LP_OK;
 }
 
-int32_t check_layer(const LpLayer& layer, const LpConfig& c, int li, int32_t& n_adapters) {
+// The token mixer: attention (Q/K/V, output) or a recurrent mixer (in_proj, out).
+int32_t check_mixer(const LpLayer& layer, const LpConfig& c, int li, int32_t& n_adapters) {
     int64_t dk = c.head_dim_k, dv = c.head_dim_v, E = c.n_embd;
-    if (layer.rope < 0 || layer.rope > 1 || !c.rope_cos[layer.rope] || !c.rope_sin[layer.rope] || layer.window < 0)
-        return lp::fail(LP_ERR_MODEL, "layer %d: rope table %d (0 or 1, both tables set), window %d", li, layer.rope,
-                        layer.window);
     char name[64];
+    if (layer.recurrent) {
+        const LpRecurrent& mixer = *layer.recurrent;
+        std::snprintf(name, sizeof name, "layer %d in_proj", li);
+        if (int32_t rc = check_linear(mixer.in_proj, name, E, mixer.in_proj.n_out, n_adapters)) return rc;
+        std::snprintf(name, sizeof name, "layer %d out", li);
+        if (int32_t rc = check_linear(mixer.out, name, (int64_t)mixer.n_v_heads * mixer.head_dim, E, n_adapters))
+            return rc;
+        return lp::check_recurrent(mixer, c.n_embd, li);
+    }
+    if (layer.rope < 0 || layer.rope > 1 || !c.rope_cos[layer.rope] || !c.rope_sin[layer.rope] || layer.window < 0 ||
+        layer.kv_layer < 0 || (layer.output_gate && dk != dv))
+        return lp::fail(LP_ERR_MODEL, "layer %d: rope table %d (0 or 1, both tables set), window %d, KV layer %d, "
+                        "output gate %d (head sizes %lld/%lld)", li, layer.rope, layer.window, layer.kv_layer,
+                        layer.output_gate, (long long)dk, (long long)dv);
     std::snprintf(name, sizeof name, "layer %d qkv", li);
-    int64_t n_qkv = (c.n_heads + c.n_kv_heads) * dk + c.n_kv_heads * dv;
+    int64_t n_qkv = (c.n_heads * (layer.output_gate ? 2 : 1) + c.n_kv_heads) * dk + c.n_kv_heads * dv;
     if (int32_t rc = check_linear(layer.qkv, name, E, n_qkv, n_adapters)) return rc;
     std::snprintf(name, sizeof name, "layer %d wo", li);
-    if (int32_t rc = check_linear(layer.wo, name, c.n_heads * dv, E, n_adapters)) return rc;
+    return check_linear(layer.wo, name, c.n_heads * dv, E, n_adapters);
+}
+
+int32_t check_layer(const LpLayer& layer, const LpConfig& c, int li, int32_t& n_adapters) {
+    int64_t E = c.n_embd;
+    char name[64];
+    if (int32_t rc = check_mixer(layer, c, li, n_adapters)) return rc;
     if (layer.moe) return check_experts(*layer.moe, c, li, n_adapters);
     std::snprintf(name, sizeof name, "layer %d gate_up", li);
     if (int32_t rc = check_linear(layer.gate_up, name, E, 2 * (int64_t)c.n_ff, n_adapters)) return rc;
@@ -827,7 +841,28 @@ int32_t check_layer(const LpLayer& layer, const LpConfig& c, int li, int32_t& n_
     return check_linear(layer.down, name, c.n_ff, E, n_adapters);
 }
 
-// The whole description; sets m.n_adapters.
+// The KV pool's layer count and the recurrent layers by state index (each index once, 0..n-1).
+int32_t index_state_layers(Model& m) {
+    m.n_kv_layers = 0;
+    m.mixers.clear();
+    for (const LpLayer& layer : m.layers) {
+        if (!layer.recurrent) {
+            m.n_kv_layers = std::max(m.n_kv_layers, layer.kv_layer + 1);
+            continue;
+        }
+        int32_t index = layer.recurrent->state;
+        if (index < 0 || index >= m.cfg.n_layers)
+            return lp::fail(LP_ERR_MODEL, "recurrent state index %d is out of range", index);
+        if ((int)m.mixers.size() <= index) m.mixers.resize(index + 1, nullptr);
+        if (m.mixers[index]) return lp::fail(LP_ERR_MODEL, "two recurrent layers on state index %d", index);
+        m.mixers[index] = layer.recurrent;
+    }
+    for (size_t i = 0; i < m.mixers.size(); i++)
+        if (!m.mixers[i]) return lp::fail(LP_ERR_MODEL, "no recurrent layer on state index %zu", i);
+    return LP_OK;
+}
+
+// The whole description; sets m.n_adapters, m.n_kv_layers and m.mixers.
 int32_t check_model(Model& m) {
     const LpConfig& c = m.cfg;
     if (c.n_layers < 1 || c.n_embd < 1 || c.n_heads < 1 || c.n_kv_heads < 1 || c.n_heads % c.n_kv_heads != 0 ||
@@ -839,14 +874,15 @@ int32_t check_model(Model& m) {
     m.n_adapters = 0;
     for (int li = 0; li < c.n_layers; li++)
         if (int32_t rc = check_layer(m.layers[li], c, li, m.n_adapters)) return rc;
+    if (int32_t rc = index_state_layers(m)) return rc;
     return check_linear(c.head, "head", c.n_embd, c.vocab, m.n_adapters);
 }
 
-int32_t check_pool(const LpKV& kv, const LpConfig& c) {
+int32_t check_pool(const LpKV& kv, int32_t n_kv_layers) {
     auto known = [](int32_t type) { return type == LP_KV_F32 || type == LP_KV_F16 || type == LP_KV_BF16; };
-    if (kv.n_layers != c.n_layers || !kv.k || !kv.v || kv.pool_tokens < 0 || !known(kv.k_type) || !known(kv.v_type))
+    if (kv.n_layers != n_kv_layers || !kv.k || !kv.v || kv.pool_tokens < 0 || !known(kv.k_type) || !known(kv.v_type))
         return lp::fail(LP_ERR_ARGUMENT, "the KV pool (%d layers, %lld tokens, types %d/%d) is not one for this model "
-                        "(%d layers)", kv.n_layers, (long long)kv.pool_tokens, kv.k_type, kv.v_type, c.n_layers);
+                        "(%d KV layers)", kv.n_layers, (long long)kv.pool_tokens, kv.k_type, kv.v_type, n_kv_layers);
     return LP_OK;
 }
 
@@ -870,7 +906,7 @@ int32_t check_counts(const Model& m, const LpBatch& b) {
 // key slots (the pool), key offsets (key_slots), logit rows (the rows).
 int32_t check_batch(const Model& m, const LpBatch& b, const LpKV& kv) {
     const LpConfig& c = m.cfg;
-    if (int32_t rc = check_pool(kv, c)) return rc;
+    if (int32_t rc = check_pool(kv, m.n_kv_layers)) return rc;
     if (int32_t rc = check_counts(m, b)) return rc;
     const int T = b.n_rows;
     int64_t run_max = -1;  // the largest position among the rows sharing one key list so far
@@ -928,6 +964,10 @@ void* lp_model_new(const LpConfig* config, const LpLayer* layers) {
 void lp_model_free(void* model) { delete (Model*)model; }
 
 int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* logits) {
+    return lp_forward_states(model, batch, kv, nullptr, logits);
+}
+
+int32_t lp_forward_states(void* model, const LpBatch* batch, const LpKV* kv, const LpStates* states, float* logits) {
     if (!model || !batch || !kv || (!logits && batch->n_logits > 0))
         return lp::fail(LP_ERR_ARGUMENT, "lp_forward: a null model, batch, KV pool or logits");
     Model& m = *(Model*)model;
@@ -937,6 +977,7 @@ int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* log
                         c.n_embd, LP_MAX_EMBD, c.head_dim_k, LP_MAX_HEAD_DIM);
     if (int32_t rc = check_batch(m, *batch, *kv)) return rc;
     int32_t rc = lp::guarded([&] {
+        if (int32_t rc = lp::begin_step(states, *batch, m.mixers, m.recurrent)) return rc;
         forward(m, *batch, *kv, logits);
         return (int32_t)LP_OK;
     });
@@ -949,6 +990,10 @@ int64_t lp_model_scratch_bytes(void* model) {
     size_t floats = m.h.capacity() + m.x.capacity() + m.qkv.capacity() + m.attn.capacity() + m.out.capacity() +
                     m.gate_up.capacity() + m.act.capacity() + m.logits_in.capacity() + m.shared_kv.capacity();
     for (const auto& v : m.thread_scratch) floats += v.capacity();
+    const lp::RecurrentStep& r = m.recurrent;
+    floats += m.gate.capacity() + r.conv.capacity() + r.beta.capacity() + r.decay.capacity();
+    for (const auto& v : r.history) floats += v.capacity();
+    for (const auto& v : r.matrix) floats += v.capacity();
     return (int64_t)(floats * sizeof(float) + m.acts.capacity());
 }
 

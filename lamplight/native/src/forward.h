@@ -14,7 +14,7 @@ extern "C" {
 
 // Limits of the forward (its fixed-size arrays), mirrored by lamplight/native/abi.py.
 enum {
-    LP_MAX_PARTS = 3,           // weights in one fused linear
+    LP_MAX_PARTS = 4,           // weights in one fused linear (Gated DeltaNet's in_proj has four)
     LP_MAX_EXPERTS = 1024,      // experts of a mixture-of-experts layer
     LP_MAX_EXPERTS_USED = 64,   // experts one row uses
     LP_MAX_LORA_RANK = 256,
@@ -42,7 +42,7 @@ typedef struct LpLora {
     const float* b;  // [n_out, rank]
 } LpLora;
 
-// Up to three weights reading the same input, their outputs side by side (fused Q/K/V, gate/up).
+// Up to LP_MAX_PARTS weights reading the same input, their outputs side by side (fused Q/K/V, gate/up).
 typedef struct LpLinear {
     int32_t n_parts;
     int32_t n_out;  // sum of the parts' n
@@ -65,8 +65,12 @@ typedef struct LpExperts {
     const LpLinear* down;            // [n_expert]
 } LpExperts;
 
+// A recurrent token mixer (src/recurrent.h) in place of attention.
+typedef struct LpRecurrent LpRecurrent;
+typedef struct LpStates LpStates;
+
 typedef struct LpLayer {
-    LpLinear qkv;      // outputs: Q (n_heads * head_dim_k) | K (n_kv_heads * head_dim_k) | V
+    LpLinear qkv;      // outputs: Q (n_heads * head_dim_k; with output_gate [q_h | gate_h] per head) | K | V
     LpLinear wo;
     LpLinear gate_up;  // outputs: gate (n_ff) | up (n_ff)
     LpLinear down;
@@ -82,6 +86,9 @@ typedef struct LpLayer {
     int32_t reserved;
     const float* sinks;           // [n_heads] attention-sink logits (gpt-oss), or null
     const LpExperts* moe;         // a mixture of experts instead of gate_up/down, or null
+    int32_t kv_layer;             // the KV pool layer its K/V live in (attention layers)
+    int32_t output_gate;          // 1: attention output times sigmoid(gate) per head and dim (qwen35)
+    const LpRecurrent* recurrent; // the token mixer instead of attention (qkv, wo unused), or null
 } LpLayer;
 
 enum { LP_ACT_SILU = 0, LP_ACT_GELU_TANH = 1, LP_ACT_SWIGLU_OAI = 2 };
@@ -139,6 +146,9 @@ void* lp_model_new(const LpConfig* config, const LpLayer* layers);
 void lp_model_free(void* model);
 // Logits [n_logits, vocab] for the batch's logit rows; K/V of every row written to the pool.
 int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* logits);
+// The same for a model with recurrent layers: their per-sequence states read from and written to
+// `states` (src/recurrent.h), written only once the whole step has succeeded.
+int32_t lp_forward_states(void* model, const LpBatch* batch, const LpKV* kv, const LpStates* states, float* logits);
 // Bytes of scratch the model's steps have grown so far (it grows with the largest step: the
 // rows of a step and the longest context attended to).
 int64_t lp_model_scratch_bytes(void* model);
