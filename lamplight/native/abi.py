@@ -56,6 +56,8 @@ class Experts(ctypes.Structure):
         ("n_expert", c_int32), ("n_used", c_int32), ("n_ff", c_int32), ("gating", c_int32),
         ("normalize", c_int32), ("activation", c_int32),
         ("router", c_void_p), ("router_bias", c_void_p), ("gate_up", POINTER(Linear)), ("down", POINTER(Linear)),
+        ("shared_n_ff", c_int32), ("reserved", c_int32), ("shared_gate_up", POINTER(Linear)),
+        ("shared_down", POINTER(Linear)), ("shared_gate", c_void_p),
     ]
 
 

@@ -259,6 +259,14 @@ class NativeRunner(ModelRunner):
         self._keep += [gate_up, down, ex]
         ex.gate_up = ctypes.cast(gate_up, ctypes.POINTER(abi.Linear))
         ex.down = ctypes.cast(down, ctypes.POINTER(abi.Linear))
+        if ffn.shared is not None:
+            shared = ffn.shared
+            ex.shared_n_ff = shared.down.in_features
+            shared_gate_up = self._linear(shared.gate_up.weights, shared.gate_up.bias)
+            shared_down = self._linear(shared.down.weights, shared.down.bias)
+            self._keep += [shared_gate_up, shared_down]
+            ex.shared_gate_up, ex.shared_down = ctypes.pointer(shared_gate_up), ctypes.pointer(shared_down)
+            ex.shared_gate = self._hold(ffn.shared_gate)
         return ctypes.pointer(ex)
 
     # -- one step --------------------------------------------------------------------------------
@@ -367,7 +375,7 @@ def _pack_groups(infos: list) -> list[tuple[list, object]]:
 
 # Architectures the native forward does not compute yet (recurrent mixers, gemma4's per-layer
 # inputs and shared KV, smollm3's NoPE layers): the "fast" backend serves them on PyTorch's kernels.
-NOT_NATIVE_ARCHITECTURES = frozenset({"qwen35moe", "lfm2", "granitehybrid", "gemma4", "smollm3"})
+NOT_NATIVE_ARCHITECTURES = frozenset({"lfm2", "granitehybrid", "gemma4", "smollm3"})
 
 
 def _check_supported(spec: DecoderSpec) -> None:
@@ -396,8 +404,8 @@ def _check_mixer(spec: DecoderSpec, i: int, layer: LayerSpec) -> None:
     cfg = spec.config
     if layer.recurrent is not None and not isinstance(layer.recurrent, DeltaNetSpec):
         raise NativeUnsupported(f"layer {i}: the recurrent mixer {type(layer.recurrent).__name__}")
-    if isinstance(layer.ffn, ExpertsSpec) and layer.ffn.shared is not None:
-        raise NativeUnsupported(f"layer {i}: a shared expert")
+    if isinstance(layer.ffn, ExpertsSpec) and layer.ffn.shared is not None and layer.ffn.shared.activation != layer.ffn.activation:
+        raise NativeUnsupported(f"layer {i}: a shared expert of another activation")
     if layer.per_layer_input is not None or layer.output_scale is not None:
         raise NativeUnsupported(f"layer {i}: per-layer inputs or an output scale")
     attn = layer.attn

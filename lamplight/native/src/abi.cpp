@@ -47,7 +47,8 @@ std::string describe() {
     LP_FIELD(LpExperts, n_expert), LP_FIELD(LpExperts, n_used), LP_FIELD(LpExperts, n_ff);
     LP_FIELD(LpExperts, gating), LP_FIELD(LpExperts, normalize), LP_FIELD(LpExperts, activation);
     LP_FIELD(LpExperts, router), LP_FIELD(LpExperts, router_bias), LP_FIELD(LpExperts, gate_up);
-    LP_FIELD(LpExperts, down);
+    LP_FIELD(LpExperts, down), LP_FIELD(LpExperts, shared_n_ff), LP_FIELD(LpExperts, reserved);
+    LP_FIELD(LpExperts, shared_gate_up), LP_FIELD(LpExperts, shared_down), LP_FIELD(LpExperts, shared_gate);
 
     LP_STRUCT(LpLayer);
     LP_FIELD(LpLayer, qkv), LP_FIELD(LpLayer, wo), LP_FIELD(LpLayer, gate_up), LP_FIELD(LpLayer, down);

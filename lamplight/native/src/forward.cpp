@@ -558,6 +558,26 @@ void route(const LpExperts& ex, const float* x, int E, int* chosen, float* weigh
         for (int j = 0; j < k; j++) weights[j] /= total;
 }
 
+// out [T, E] += the shared expert's output on every row, times sigmoid(shared_gate . x).
+void shared_expert(Model& m, const LpExperts& ex, int T, const float* x, float* out) {
+    int E = m.cfg.n_embd, F = ex.shared_n_ff;
+    float* gu = grow(m.moe_gate_up, (size_t)T * 2 * F);
+    linear(*ex.shared_gate_up, x, T, gu, m.acts);
+    float* act = grow(m.moe_act, (size_t)T * F);
+    for_rows(T, [&](int r, int) {
+        const float* g = gu + (int64_t)r * 2 * F;
+        for (int f = 0; f < F; f++) act[(int64_t)r * F + f] = gated(ex.activation, g[f], g[F + f]);
+    });
+    float* y = grow(m.moe_y, (size_t)T * E);
+    linear(*ex.shared_down, act, T, y, m.acts);
+    for_rows(T, [&](int r, int) {
+        const float* xr = x + (int64_t)r * E;
+        float scale = ex.shared_gate ? lp::sigmoid(dot(xr, ex.shared_gate, E)) : 1.0f;
+        float* o = out + (int64_t)r * E;
+        for (int i = 0; i < E; i++) o[i] += y[(int64_t)r * E + i] * scale;
+    });
+}
+
 // out [T, E] = each row's selected experts' outputs, weighted, summed in ascending expert order.
 // Each expert runs once on the rows that chose it; its matmuls are row-invariant, so a row's
 // result never depends on which other rows chose the same experts.
@@ -599,6 +619,7 @@ void moe_forward(Model& m, const LpExperts& ex, const LpBatch& b, const float* x
             for (int i = 0; i < E; i++) o[i] += y[i] * w;
         }
     });
+    if (ex.shared_n_ff) shared_expert(m, ex, T, x, out);
 }
 
 // h += o (times the residual scale), through the layer's post-norm first if it has one.
@@ -802,7 +823,13 @@ int32_t check_experts(const LpExperts& ex, const LpConfig& c, int li, int32_t& n
         std::snprintf(name, sizeof name, "layer %d expert %d down", li, e);
         if (int32_t rc = check_linear(ex.down[e], name, ex.n_ff, c.n_embd, n_adapters)) return rc;
     }
-    return LP_OK;
+    if (!ex.shared_n_ff) return LP_OK;
+    if (ex.shared_n_ff < 0 || !ex.shared_gate_up || !ex.shared_down)
+        return lp::fail(LP_ERR_MODEL, "layer %d: a shared expert of width %d without its weights", li, ex.shared_n_ff);
+    std::snprintf(name, sizeof name, "layer %d shared expert gate_up", li);
+    if (int32_t rc = check_linear(*ex.shared_gate_up, name, c.n_embd, 2 * (int64_t)ex.shared_n_ff, n_adapters)) return rc;
+    std::snprintf(name, sizeof name, "layer %d shared expert down", li);
+    return check_linear(*ex.shared_down, name, ex.shared_n_ff, c.n_embd, n_adapters);
 }
 
 // The token mixer: attention (Q/K/V, output) or a recurrent mixer (in_proj, out).

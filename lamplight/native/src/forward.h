@@ -63,6 +63,11 @@ typedef struct LpExperts {
     const float* router_bias;        // [n_expert] or null
     const LpLinear* gate_up;         // [n_expert], outputs gate (n_ff) | up (n_ff)
     const LpLinear* down;            // [n_expert]
+    int32_t shared_n_ff;             // a shared expert every row runs (qwen35moe): its width, 0 = none
+    int32_t reserved;
+    const LpLinear* shared_gate_up;  // outputs gate | up (shared_n_ff each), same activation
+    const LpLinear* shared_down;
+    const float* shared_gate;        // [n_embd]: its output times sigmoid(shared_gate . x), or null
 } LpExperts;
 
 // A recurrent token mixer (src/recurrent.h) in place of attention.
