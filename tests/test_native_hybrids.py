@@ -58,12 +58,12 @@ def _greedy_agrees(mine: list[int], row: dict) -> bool:
 @pytest.mark.parametrize("arch", NATIVE_ARCHS)
 def test_logits_match_llama_cpp(arch, runners):
     model = runners(arch)
-    worst, checked, rows = 0.0, 0, _rows(arch)
+    worst, worst_ratio, checked, as_fp32, rows = 0.0, 0.0, 0, 0, _rows(arch)
     for r, row in enumerate(rows):
         mine = score(model, row["tokens"])
         golden, noise = torch.tensor(row["logits"]), torch.tensor(row["fp32_weights_diff"])
         diff = (mine - golden).abs().amax(dim=-1)
-        worst = max(worst, diff.max().item())
+        worst, worst_ratio = max(worst, diff.max().item()), max(worst_ratio, (diff / _bound(noise)).max().item())
         bad = (diff > _bound(noise)).nonzero().flatten().tolist()
         assert not bad, f"{arch} sequence {r}: positions {bad} beyond the bound (max {diff.max():.3f})"
         top2 = golden.topk(2, dim=-1).values
@@ -72,8 +72,9 @@ def test_logits_match_llama_cpp(arch, runners):
         assert torch.equal(mine.argmax(-1)[sure], golden.argmax(-1)[sure]), f"{arch} sequence {r}: top-1 differs"
         mine_greedy = greedy(model, row["tokens"][: _greedy_prompt_len()], len(row["greedy"]))
         assert _greedy_agrees(mine_greedy, row), f"{arch} sequence {r}: greedy {mine_greedy}, llama.cpp {row['greedy']}"
-    print(f"\n{arch} (native): max |logit diff| {worst:.4f} (bound {ATOL} + 2 x noise), top-1 equal at {checked} "
-          f"sure positions, greedy {len(rows)}/{len(rows)}")
+        as_fp32 += mine_greedy == row["greedy_fp32_weights"]
+    print(f"\n{arch} (native): max |logit diff| {worst:.4f}, at most {worst_ratio:.2f} of the bound ({ATOL} + 2 x noise), "
+          f"top-1 equal at {checked} sure positions, greedy {len(rows)}/{len(rows)} ({as_fp32} equal to the F32-weights run)")
 
 
 @pytest.mark.parametrize("arch", NATIVE_ARCHS)
@@ -129,7 +130,7 @@ def test_state_is_computed_one_way_whatever_the_chunking(arch, runners):
             last = model.run([SequenceChunk(tokens[-1:], len(tokens) - 1, range(len(tokens)))], state)[-1]
         results.append((snapshot, prompt_last, out, last, state.snapshot(0)))
     first = results[0]
-    assert first[0].abs().sum() > 0  # the state was written
+    assert first[0].abs().sum() > 0 or not model.state_spec.recurrent  # the state was written
     for cuts, result in zip(("3 + 37", "40 steps"), results[1:]):
         assert torch.equal(result[0], first[0]), f"{cuts}: recurrent state"
         assert torch.equal(result[1], first[1]), f"{cuts}: the prompt's last logits"

@@ -18,7 +18,7 @@ LP_GATING_SOFTMAX, LP_GATING_SOFTMAX_SELECTED = 0, 1
 MAX_EXPERTS, MAX_EXPERTS_USED = 1024, 64
 LP_KV_F32, LP_KV_F16, LP_KV_BF16 = 0, 1, 2
 MAX_PARTS = 4
-LP_MIX_DELTANET = 1  # LpRecurrent.kind (src/recurrent.h)
+LP_MIX_DELTANET, LP_MIX_SHORTCONV, LP_MIX_MAMBA2 = 1, 2, 3  # LpRecurrent.kind (src/recurrent.h)
 MAX_EMBD, MAX_HEAD_DIM = 8192, 1024
 PROFILE_PHASES = ("norm", "qkv", "rope_kv", "attention", "wo", "residual", "gate_up", "activation", "down", "head")
 
@@ -74,10 +74,11 @@ class Layer(ctypes.Structure):
 
 class Recurrent(ctypes.Structure):
     _fields_ = [
-        ("kind", c_int32), ("state", c_int32), ("n_k_heads", c_int32), ("n_v_heads", c_int32),
-        ("head_dim", c_int32), ("conv_kernel", c_int32), ("channels", c_int32), ("reserved", c_int32),
+        ("kind", c_int32), ("state", c_int32), ("n_groups", c_int32), ("n_heads", c_int32),
+        ("head_dim", c_int32), ("conv_kernel", c_int32), ("channels", c_int32), ("inner", c_int32),
         ("in_proj", Linear), ("out", Linear),
-        ("conv", c_void_p), ("dt_bias", c_void_p), ("a", c_void_p), ("norm", c_void_p),
+        ("conv", c_void_p), ("conv_bias", c_void_p), ("dt_bias", c_void_p), ("a", c_void_p), ("d", c_void_p),
+        ("norm", c_void_p),
     ]
 
 
@@ -128,6 +129,7 @@ def constants() -> dict[str, int]:
         "LP_ACT_SILU": LP_ACT_SILU, "LP_ACT_GELU_TANH": LP_ACT_GELU_TANH, "LP_ACT_SWIGLU_OAI": LP_ACT_SWIGLU_OAI,
         "LP_GATING_SOFTMAX": LP_GATING_SOFTMAX, "LP_GATING_SOFTMAX_SELECTED": LP_GATING_SOFTMAX_SELECTED,
         "LP_KV_F32": LP_KV_F32, "LP_KV_F16": LP_KV_F16, "LP_KV_BF16": LP_KV_BF16, "LP_MIX_DELTANET": LP_MIX_DELTANET,
+        "LP_MIX_SHORTCONV": LP_MIX_SHORTCONV, "LP_MIX_MAMBA2": LP_MIX_MAMBA2,
         "LP_MAX_PARTS": MAX_PARTS, "LP_MAX_EXPERTS": MAX_EXPERTS, "LP_MAX_EXPERTS_USED": MAX_EXPERTS_USED,
         "LP_MAX_LORA_RANK": MAX_LORA_RANK, "LP_MAX_EMBD": MAX_EMBD, "LP_MAX_HEAD_DIM": MAX_HEAD_DIM,
         "LP_PROFILE_PHASES": len(PROFILE_PHASES),

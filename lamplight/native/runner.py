@@ -21,7 +21,8 @@ from ..models.batch import ForwardBatch
 from ..models.layers import Rotary, shift_kv
 from ..models.lora import LoraAdapter, LoraScales, check_adapters
 from ..models.recurrent import advance_states
-from ..models.spec import DecoderSpec, DeltaNetSpec, ExpertsSpec, FeedForwardSpec, LayerSpec
+from ..models.spec import (DecoderSpec, DeltaNetSpec, ExpertsSpec, FeedForwardSpec, LayerSpec, Mamba2Spec, RecurrentSpec,
+                           ShortConvSpec)
 from ..runner.base import ModelRunner
 from ..state import ModelState
 from ..state.kv import KVPool
@@ -107,7 +108,7 @@ class NativeRunner(ModelRunner):
 
     def shift_kv(self, state: ModelState, src: torch.Tensor, dst: torch.Tensor, delta: int) -> None:
         owners = [layer.attn for layer in self.spec.layers if layer.attn is not None and layer.attn.owns_kv]
-        shift_kv(state.kv, [self.ropes[attn.rope] for attn in owners], src, dst, delta)
+        shift_kv(state.kv, [None if a.rope is None else self.ropes[a.rope] for a in owners], src, dst, delta)
 
     def __del__(self):
         handle = getattr(self, "handle", None)
@@ -217,7 +218,7 @@ class NativeRunner(ModelRunner):
             layer.q_norm, layer.k_norm = self._hold(attn.q_norm), self._hold(attn.k_norm)
             head_dim = self.spec.config.head_dim_k
             layer.qk_norm_whole = int(any(n is not None and n.numel() != head_dim for n in (attn.q_norm, attn.k_norm)))
-            layer.rope = attn.rope
+            layer.rope = -1 if attn.rope is None else attn.rope  # -1: no rotation (NoPE layers)
             layer.window = attn.window or 0
             layer.sinks = self._hold(attn.sinks)
             layer.kv_layer, layer.output_gate = attn.kv_layer, int(attn.output_gate)
@@ -230,17 +231,28 @@ class NativeRunner(ModelRunner):
         layer.post_attn_norm, layer.post_ffn_norm = self._hold(spec.post_attn_norm), self._hold(spec.post_ffn_norm)
         return layer
 
-    def _recurrent(self, spec: DeltaNetSpec, state_index: int) -> int:
+    def _recurrent(self, spec: RecurrentSpec, state_index: int) -> int:
         """A recurrent mixer's description (its address); `state_index`: its place in the
         recurrent state pool."""
         mixer = abi.Recurrent()
-        mixer.kind, mixer.state = abi.LP_MIX_DELTANET, state_index
-        mixer.n_k_heads, mixer.n_v_heads, mixer.head_dim = spec.n_k_heads, spec.n_v_heads, spec.head_dim
+        mixer.state = state_index
         mixer.channels, mixer.conv_kernel = spec.conv.shape
         mixer.in_proj = self._linear(spec.in_proj.weights, spec.in_proj.bias)
         mixer.out = self._linear(spec.out.weights, spec.out.bias)
-        mixer.conv, mixer.dt_bias = self._hold(spec.conv), self._hold(spec.dt_bias)
-        mixer.a, mixer.norm = self._hold(spec.a), self._hold(spec.norm)
+        mixer.inner = spec.out.in_features
+        mixer.conv = self._hold(spec.conv)
+        if isinstance(spec, DeltaNetSpec):
+            mixer.kind = abi.LP_MIX_DELTANET
+            mixer.n_groups, mixer.n_heads, mixer.head_dim = spec.n_k_heads, spec.n_v_heads, spec.head_dim
+        elif isinstance(spec, Mamba2Spec):
+            mixer.kind = abi.LP_MIX_MAMBA2
+            mixer.n_groups, mixer.n_heads, mixer.head_dim = spec.n_groups, spec.n_heads, spec.d_state
+            mixer.conv_bias, mixer.d = self._hold(spec.conv_bias), self._hold(spec.d)
+        else:
+            mixer.kind = abi.LP_MIX_SHORTCONV
+        if not isinstance(spec, ShortConvSpec):
+            mixer.dt_bias, mixer.a = self._hold(spec.dt_bias), self._hold(spec.a)
+            mixer.norm = self._hold(spec.norm.reshape(-1))
         self._keep.append(mixer)
         return ctypes.addressof(mixer)
 
@@ -343,7 +355,7 @@ class NativeRunner(ModelRunner):
             seen.add(chunk.state_slot)
         if self._state_desc is None or self._state_desc[0] is not pool:
             if pool.layouts != self.spec.state_spec.recurrent or any(
-                    not t.is_contiguous() or t.dtype != torch.float32 for t in (*pool.history, *pool.matrix)):
+                    not t.is_contiguous() or t.dtype != torch.float32 for t in (*pool.history, *pool.matrix) if t is not None):
                 raise ValueError("native forward: a recurrent state pool not laid out for this model")
             desc = abi.States(n_layers=len(pool.layouts), n_slots=pool.n_sequences)
             desc._history = (ctypes.c_void_p * len(pool.history))(*(t.data_ptr() for t in pool.history))
@@ -375,7 +387,7 @@ def _pack_groups(infos: list) -> list[tuple[list, object]]:
 
 # Architectures the native forward does not compute yet (recurrent mixers, gemma4's per-layer
 # inputs and shared KV, smollm3's NoPE layers): the "fast" backend serves them on PyTorch's kernels.
-NOT_NATIVE_ARCHITECTURES = frozenset({"lfm2", "granitehybrid", "gemma4", "smollm3"})
+NOT_NATIVE_ARCHITECTURES = frozenset({"gemma4"})
 
 
 def _check_supported(spec: DecoderSpec) -> None:
@@ -402,8 +414,6 @@ def _check_mixer(spec: DecoderSpec, i: int, layer: LayerSpec) -> None:
     """What the native forward computes of a layer's token mixer and extras: attention with the
     model's head shape and a rope, Gated DeltaNet."""
     cfg = spec.config
-    if layer.recurrent is not None and not isinstance(layer.recurrent, DeltaNetSpec):
-        raise NativeUnsupported(f"layer {i}: the recurrent mixer {type(layer.recurrent).__name__}")
     if isinstance(layer.ffn, ExpertsSpec) and layer.ffn.shared is not None and layer.ffn.shared.activation != layer.ffn.activation:
         raise NativeUnsupported(f"layer {i}: a shared expert of another activation")
     if layer.per_layer_input is not None or layer.output_scale is not None:
@@ -415,8 +425,8 @@ def _check_mixer(spec: DecoderSpec, i: int, layer: LayerSpec) -> None:
     h = attn.heads
     if (h.n_heads, h.n_kv_heads, h.head_dim_k, h.head_dim_v) != shape:
         raise NativeUnsupported(f"layer {i}: heads {h} other than the model's")
-    if attn.rope is None or not attn.owns_kv or attn.value_from_key or attn.value_norm:
-        raise NativeUnsupported(f"layer {i}: attention without rope, on shared K/V, or with V from K or normed")
+    if not attn.owns_kv or attn.value_from_key or attn.value_norm:
+        raise NativeUnsupported(f"layer {i}: attention on shared K/V, or with V from K or normed")
 
 
 def _expert(bank: TensorInfo, e: int) -> TensorInfo:

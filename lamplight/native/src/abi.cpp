@@ -59,11 +59,11 @@ std::string describe() {
     LP_FIELD(LpLayer, recurrent);
 
     LP_STRUCT(LpRecurrent);
-    LP_FIELD(LpRecurrent, kind), LP_FIELD(LpRecurrent, state), LP_FIELD(LpRecurrent, n_k_heads);
-    LP_FIELD(LpRecurrent, n_v_heads), LP_FIELD(LpRecurrent, head_dim), LP_FIELD(LpRecurrent, conv_kernel);
-    LP_FIELD(LpRecurrent, channels), LP_FIELD(LpRecurrent, reserved), LP_FIELD(LpRecurrent, in_proj);
-    LP_FIELD(LpRecurrent, out), LP_FIELD(LpRecurrent, conv), LP_FIELD(LpRecurrent, dt_bias), LP_FIELD(LpRecurrent, a);
-    LP_FIELD(LpRecurrent, norm);
+    LP_FIELD(LpRecurrent, kind), LP_FIELD(LpRecurrent, state), LP_FIELD(LpRecurrent, n_groups);
+    LP_FIELD(LpRecurrent, n_heads), LP_FIELD(LpRecurrent, head_dim), LP_FIELD(LpRecurrent, conv_kernel);
+    LP_FIELD(LpRecurrent, channels), LP_FIELD(LpRecurrent, inner), LP_FIELD(LpRecurrent, in_proj);
+    LP_FIELD(LpRecurrent, out), LP_FIELD(LpRecurrent, conv), LP_FIELD(LpRecurrent, conv_bias);
+    LP_FIELD(LpRecurrent, dt_bias), LP_FIELD(LpRecurrent, a), LP_FIELD(LpRecurrent, d), LP_FIELD(LpRecurrent, norm);
 
     LP_STRUCT(LpStates);
     LP_FIELD(LpStates, n_layers), LP_FIELD(LpStates, n_slots), LP_FIELD(LpStates, n_rows), LP_FIELD(LpStates, reserved);
@@ -93,7 +93,7 @@ std::string describe() {
     LP_CONST(LP_ACT_SILU), LP_CONST(LP_ACT_GELU_TANH), LP_CONST(LP_ACT_SWIGLU_OAI);
     LP_CONST(LP_GATING_SOFTMAX), LP_CONST(LP_GATING_SOFTMAX_SELECTED);
     LP_CONST(LP_KV_F32), LP_CONST(LP_KV_F16), LP_CONST(LP_KV_BF16);
-    LP_CONST(LP_MIX_DELTANET);
+    LP_CONST(LP_MIX_DELTANET), LP_CONST(LP_MIX_SHORTCONV), LP_CONST(LP_MIX_MAMBA2);
     LP_CONST(LP_MAX_PARTS), LP_CONST(LP_MAX_EXPERTS), LP_CONST(LP_MAX_EXPERTS_USED), LP_CONST(LP_MAX_LORA_RANK);
     LP_CONST(LP_MAX_EMBD), LP_CONST(LP_MAX_HEAD_DIM), LP_CONST(LP_PROFILE_PHASES);
     LP_CONST(LP_W4), LP_CONST(LP_W8), LP_CONST(LP_W8_32), LP_CONST(LP_FLAG_MIN), LP_CONST(LP_FLAG_ZERO8);

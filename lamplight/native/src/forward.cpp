@@ -306,15 +306,16 @@ void prepare_row(const Model& m, const LpLayer& layer, int layer_index, const Lp
     norm_heads(q, layer.q_norm, layer.qk_norm_whole, c.n_heads, dk, c.rms_eps);
     norm_heads(k, layer.k_norm, layer.qk_norm_whole, c.n_kv_heads, dk, c.rms_eps);
     int64_t pos = b.positions[r];
-    const float* cos = c.rope_cos[layer.rope] + pos * (c.n_rot / 2);
-    const float* sin = c.rope_sin[layer.rope] + pos * (c.n_rot / 2);
-    for (int h = 0; h < c.n_heads; h++) rope(q + h * dk, cos, sin, c.n_rot, c.rope_neox);
+    bool rotate = layer.rope >= 0;  // -1: a NoPE layer
+    const float* cos = rotate ? c.rope_cos[layer.rope] + pos * (c.n_rot / 2) : nullptr;
+    const float* sin = rotate ? c.rope_sin[layer.rope] + pos * (c.n_rot / 2) : nullptr;
+    for (int h = 0; h < c.n_heads && rotate; h++) rope(q + h * dk, cos, sin, c.n_rot, c.rope_neox);
     if (c.qtemp_length > 0.0f) {
         double steps = std::floor(((double)pos + c.qtemp_offset) / c.qtemp_length);
         float factor = (float)(std::log(steps + 1.0) * c.qtemp_scale + 1.0);
         for (int i = 0; i < c.n_heads * dk; i++) q[i] *= factor;
     }
-    for (int h = 0; h < c.n_kv_heads; h++) rope(k + h * dk, cos, sin, c.n_rot, c.rope_neox);
+    for (int h = 0; h < c.n_kv_heads && rotate; h++) rope(k + h * dk, cos, sin, c.n_rot, c.rope_neox);
     int64_t slot = b.write_slots[r];
     for (int h = 0; h < c.n_kv_heads; h++) {
         store_kv(kv.k[layer_index], kv.k_type, ((int64_t)h * kv.pool_tokens + slot) * dk, dk, k + h * dk);
@@ -677,10 +678,10 @@ void recurrent_branch(Model& m, const LpRecurrent& mixer, const LpBatch& b, cons
                       PhaseTimer& timer) {
     int T = b.n_rows;
     float* proj = grow(m.qkv, (size_t)T * mixer.in_proj.n_out);
-    float* inner = grow(m.attn, (size_t)T * mixer.n_v_heads * mixer.head_dim);
+    float* inner = grow(m.attn, (size_t)T * mixer.inner);
     linear(mixer.in_proj, x, T, proj, m.acts, true, b.lora_scales);
     timer.lap(P_QKV);
-    lp::deltanet_scan(mixer, b, m.cfg.rms_eps, proj, m.recurrent, inner);
+    lp::recurrent_scan(mixer, b, m.cfg.rms_eps, proj, m.recurrent, inner);
     timer.lap(P_ATTENTION);
     linear(mixer.out, inner, T, out, m.acts, false, b.lora_scales);
     timer.lap(P_WO);
@@ -841,13 +842,14 @@ int32_t check_mixer(const LpLayer& layer, const LpConfig& c, int li, int32_t& n_
         std::snprintf(name, sizeof name, "layer %d in_proj", li);
         if (int32_t rc = check_linear(mixer.in_proj, name, E, mixer.in_proj.n_out, n_adapters)) return rc;
         std::snprintf(name, sizeof name, "layer %d out", li);
-        if (int32_t rc = check_linear(mixer.out, name, (int64_t)mixer.n_v_heads * mixer.head_dim, E, n_adapters))
+        if (int32_t rc = check_linear(mixer.out, name, mixer.inner, E, n_adapters))
             return rc;
         return lp::check_recurrent(mixer, c.n_embd, li);
     }
-    if (layer.rope < 0 || layer.rope > 1 || !c.rope_cos[layer.rope] || !c.rope_sin[layer.rope] || layer.window < 0 ||
+    bool rope_ok = layer.rope == -1 || (layer.rope >= 0 && layer.rope <= 1 && c.rope_cos[layer.rope] && c.rope_sin[layer.rope]);
+    if (!rope_ok || layer.window < 0 ||
         layer.kv_layer < 0 || (layer.output_gate && dk != dv))
-        return lp::fail(LP_ERR_MODEL, "layer %d: rope table %d (0 or 1, both tables set), window %d, KV layer %d, "
+        return lp::fail(LP_ERR_MODEL, "layer %d: rope table %d (0 or 1, both tables set; -1 none), window %d, KV layer %d, "
                         "output gate %d (head sizes %lld/%lld)", li, layer.rope, layer.window, layer.kv_layer,
                         layer.output_gate, (long long)dk, (long long)dv);
     std::snprintf(name, sizeof name, "layer %d qkv", li);
