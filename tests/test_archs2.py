@@ -136,29 +136,6 @@ def test_pytorch_backend_stays_close(arch, runners):
     assert worst < 0.6 and agree >= 0.9 * total
 
 
-def _not_native() -> list[str]:
-    from lamplight.native.runner import NOT_NATIVE_ARCHITECTURES
-
-    return [a for a in ARCHS if a in NOT_NATIVE_ARCHITECTURES]
-
-
-@pytest.mark.parametrize("arch", _not_native())
-def test_fast_backend_falls_back_to_pytorch_by_name(arch):
-    """The native forward refuses the architectures it does not compute yet by name, so "fast"
-    serves PyTorch's kernels (tests/test_native_hybrids.py checks the others on it)."""
-    loaded = lamplight.load(_path(arch), backend="fast")
-    assert loaded.runner.backend == "pytorch"
-    reason = loaded.kernels
-    assert arch in reason or "no C++ compiler" in reason, reason
-    from lamplight.native import runtime
-    from lamplight.native.runner import NativeRunner, NativeUnsupported
-
-    lib = runtime.library()
-    if lib is not None:
-        with pytest.raises(NativeUnsupported, match=arch):
-            NativeRunner(define_model(GGUFFile(_path(arch))), lib)
-
-
 # -- the recurrent state ----------------------------------------------------------------------------
 
 

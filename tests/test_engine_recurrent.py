@@ -19,13 +19,11 @@ from lamplight.gguf.file import GGUFFile
 from lamplight.loader import build_runner
 from lamplight.models import define_model
 from lamplight.native import runtime
-from lamplight.native.runner import NOT_NATIVE_ARCHITECTURES
 from lamplight.sampling import SamplingParams
 from lamplight.tokenizer import Tokenizer
 
 HYBRIDS = ["qwen35", "lfm2", "granitehybrid"]
-BACKENDS = [(arch, "reference") for arch in HYBRIDS] + [
-    (arch, "native") for arch in HYBRIDS if arch not in NOT_NATIVE_ARCHITECTURES]
+BACKENDS = [(arch, backend) for backend in ("reference", "native") for arch in HYBRIDS]
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 INTERVAL = 16  # checkpoint positions here: multiples of 16
 

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+import lamplight
 from model_helpers import runner_for
 from test_archs2 import (ATOL, TOP1_MARGIN, _bound, _evaluate_in_parts, _greedy_prompt_len, _ids, _path,
                          _rows)
 
 from lamplight.models.batch import SequenceChunk
 from lamplight.native import runtime
-from lamplight.native.runner import NOT_NATIVE_ARCHITECTURES
 from lamplight.runner import greedy, score
 
-NATIVE_ARCHS = [a for a in ["qwen35", "qwen35moe", "lfm2", "granitehybrid", "gemma4", "smollm3"]
-                if a not in NOT_NATIVE_ARCHITECTURES]
+NATIVE_ARCHS = ["qwen35", "qwen35moe", "lfm2", "granitehybrid", "gemma4", "smollm3"]
 # How close the native runner's logits stay to the reference path's (float32 on dequantized
 # weights); the native matmuls round activations as llama.cpp's do.
 NEAR_REFERENCE = 0.6
@@ -40,6 +40,12 @@ def runners():
         return cache[arch, backend]
 
     return get
+
+
+@pytest.mark.parametrize("arch", NATIVE_ARCHS)
+def test_fast_backend_serves_the_native_runner(arch, runners):
+    loaded = lamplight.load(_path(arch), backend="fast")
+    assert loaded.runner.backend == "native", loaded.kernels
 
 
 def _greedy_agrees(mine: list[int], row: dict) -> bool:

@@ -203,6 +203,12 @@ class NativeRunner(ModelRunner):
             # A scaling's magnitude (YaRN) scales the rotated values: folded into the tables.
             c.rope_cos[i], c.rope_sin[i] = (self._hold(t) for t in rope.tables())
         c.output_norm = self._hold(spec.output_norm)
+        if spec.per_layer_inputs is not None:
+            ple, pe = spec.per_layer_inputs, abi.PerLayerEmbedding()
+            pe.size, pe.proj_norm = ple.size, self._hold(ple.proj_norm)
+            pe.model_proj = self._linear(ple.model_proj.weights, ple.model_proj.bias)
+            self._keep.append(pe)
+            c.per_layer_embedding = ctypes.addressof(pe)
         head = spec.output.weights if spec.output is not None else (spec.token_embd,)  # tied: the embedding
         c.head = self._linear(head, spec.output_bias)
         return c
@@ -216,12 +222,13 @@ class NativeRunner(ModelRunner):
             layer.qkv = self._linear(attn.qkv.weights, attn.qkv.bias)
             layer.wo = self._linear(attn.wo.weights, attn.wo.bias)
             layer.q_norm, layer.k_norm = self._hold(attn.q_norm), self._hold(attn.k_norm)
-            head_dim = self.spec.config.head_dim_k
+            head_dim = attn.heads.head_dim_k
             layer.qk_norm_whole = int(any(n is not None and n.numel() != head_dim for n in (attn.q_norm, attn.k_norm)))
             layer.rope = -1 if attn.rope is None else attn.rope  # -1: no rotation (NoPE layers)
             layer.window = attn.window or 0
             layer.sinks = self._hold(attn.sinks)
             layer.kv_layer, layer.output_gate = attn.kv_layer, int(attn.output_gate)
+            self._describe_shape(layer, spec)
         if isinstance(ffn, FeedForwardSpec):
             layer.gate_up = self._linear(ffn.gate_up.weights, ffn.gate_up.bias)
             layer.down = self._linear(ffn.down.weights, ffn.down.bias)
@@ -229,7 +236,29 @@ class NativeRunner(ModelRunner):
             layer.moe = self._experts(ffn)
         layer.attn_norm, layer.ffn_norm = self._hold(spec.attn_norm), self._hold(spec.ffn_norm)
         layer.post_attn_norm, layer.post_ffn_norm = self._hold(spec.post_attn_norm), self._hold(spec.post_ffn_norm)
+        layer.output_scale = spec.output_scale or 0.0
+        if spec.per_layer_input is not None:
+            pli, branch = spec.per_layer_input, abi.PerLayerInput()
+            branch.inp_gate = self._linear(pli.inp_gate.weights, pli.inp_gate.bias)
+            branch.proj = self._linear(pli.proj.weights, pli.proj.bias)
+            branch.post_norm = self._hold(pli.post_norm)
+            self._keep.append(branch)
+            layer.per_layer_input = ctypes.addressof(branch)
         return layer
+
+    def _describe_shape(self, layer: abi.Layer, spec: LayerSpec) -> None:
+        """The layer's own KV heads, head size, FFN width and rotated dims where they are not
+        the config's (gemma4), and how it gets its K/V."""
+        cfg, attn = self.spec.config, spec.attn
+        heads = attn.heads
+        if (heads.n_kv_heads, heads.head_dim_k) != (cfg.n_kv_heads, cfg.head_dim_k):
+            layer.n_kv_heads, layer.head_dim = heads.n_kv_heads, heads.head_dim_k
+        if isinstance(spec.ffn, FeedForwardSpec) and spec.ffn.down.in_features != cfg.n_ff:
+            layer.n_ff = spec.ffn.down.in_features
+        if attn.rope is not None and self.ropes[attn.rope].n_rot != self.ropes[0].n_rot:
+            layer.n_rot = self.ropes[attn.rope].n_rot
+        layer.kv_flags = ((0 if attn.owns_kv else abi.LP_KV_SHARED) | (abi.LP_V_FROM_K if attn.value_from_key else 0)
+                          | (abi.LP_V_NORM if attn.value_norm else 0))
 
     def _recurrent(self, spec: RecurrentSpec, state_index: int) -> int:
         """A recurrent mixer's description (its address); `state_index`: its place in the
@@ -289,8 +318,9 @@ class NativeRunner(ModelRunner):
             n = len(kv.k)
             desc = abi.KV()
             layout = kv.layout
-            if kv.k[0].shape[::2] != (layout.n_kv_heads, layout.head_dim_k) or kv.v[0].shape[::2] != (
-                    layout.n_kv_heads, layout.head_dim_v) or layout != self.spec.state_spec.kv:
+            shapes = [(k.shape[0], k.shape[2], v.shape[2]) for k, v in zip(kv.k, kv.v)]
+            expected = [a.kv_shape for layer in self.spec.layers if (a := layer.attn) is not None and a.owns_kv]
+            if shapes != expected or layout != self.spec.state_spec.kv:
                 raise ValueError(f"native forward: a KV pool of layout {layout}, the model's is {self.spec.state_spec.kv}")
             desc.k_type, desc.v_type = KV_TYPES[kv.k[0].dtype], KV_TYPES[kv.v[0].dtype]
             desc.pool_tokens = kv.k[0].shape[1]
@@ -320,12 +350,15 @@ class NativeRunner(ModelRunner):
                 or any(t.dtype != torch.int64 or t.numel() != n_rows for t in (positions, write_slots))
                 or logit_rows.dtype != torch.int64 or len(key_offsets) != n_rows):
             raise ValueError("native forward: the batch's arrays are not int64 [rows] (embeddings float32 [rows, n_embd])")
+        ple = self.spec.per_layer_inputs
+        per_layer_rows = None if ple is None else dequantize_rows(ple.token_embd, batch.token_ids.numpy()).contiguous()
         logits = torch.empty(logit_rows.numel(), self.config.vocab_size)
         scales = np.asarray(self.lora_scales.scales, dtype=np.float32) if self._has_loras else None
         b = abi.Batch(n_rows=n_rows, n_logits=logit_rows.numel(), n_key_slots=key_slots.size,
                       n_lora_scales=0 if scales is None else scales.size, embeddings=_ptr(embd),
                       positions=_ptr(positions), write_slots=_ptr(write_slots), key_offsets=_ptr(key_offsets),
-                      key_slots=_ptr(key_slots), logit_rows=_ptr(logit_rows), lora_scales=_ptr(scales))
+                      key_slots=_ptr(key_slots), logit_rows=_ptr(logit_rows), lora_scales=_ptr(scales),
+                      per_layer_rows=_ptr(per_layer_rows))
         pool = self._kv(state.kv)
         states = self._states(batch, state.recurrent) if self._recurrent_layers else None
         rc = self.lib.lp_forward_states(self.handle, ctypes.byref(b), ctypes.byref(pool),
@@ -385,23 +418,16 @@ def _pack_groups(infos: list) -> list[tuple[list, object]]:
         return [([i], pack.pack(i)) for i in infos]
 
 
-# Architectures the native forward does not compute yet (recurrent mixers, gemma4's per-layer
-# inputs and shared KV, smollm3's NoPE layers): the "fast" backend serves them on PyTorch's kernels.
-NOT_NATIVE_ARCHITECTURES = frozenset({"gemma4"})
-
-
 def _check_supported(spec: DecoderSpec) -> None:
     """NativeUnsupported naming what the native forward does not compute."""
     cfg, opts = spec.config, spec.options
-    if cfg.architecture in NOT_NATIVE_ARCHITECTURES:
-        raise NativeUnsupported(f"the architecture {cfg.architecture!r} has no native forward yet")
     if cfg.head_dim_k % 8 or cfg.head_dim_v % 8 or cfg.n_embd > abi.MAX_EMBD or cfg.head_dim_k > abi.MAX_HEAD_DIM:
         raise NativeUnsupported(f"head sizes {cfg.head_dim_k}/{cfg.head_dim_v} or width {cfg.n_embd}")
     activations = {opts.activation} | {layer.ffn.activation for layer in spec.layers}
     unknown = sorted(a for a in activations if a not in _ACTIVATIONS)
     if unknown:
         raise NativeUnsupported(f"the activation {', '.join(unknown)}")
-    if len(spec.ropes) > 2 or len({(r.neox, r.n_rot) for r in spec.ropes}) > 1:
+    if len(spec.ropes) > 2 or len({r.neox for r in spec.ropes}) > 1:
         raise NativeUnsupported("two rope layouts")
     for i, layer in enumerate(spec.layers):
         ffn = layer.ffn
@@ -416,17 +442,14 @@ def _check_mixer(spec: DecoderSpec, i: int, layer: LayerSpec) -> None:
     cfg = spec.config
     if isinstance(layer.ffn, ExpertsSpec) and layer.ffn.shared is not None and layer.ffn.shared.activation != layer.ffn.activation:
         raise NativeUnsupported(f"layer {i}: a shared expert of another activation")
-    if layer.per_layer_input is not None or layer.output_scale is not None:
-        raise NativeUnsupported(f"layer {i}: per-layer inputs or an output scale")
     attn = layer.attn
     if attn is None:
         return
-    shape = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim_k, cfg.head_dim_v)
     h = attn.heads
-    if (h.n_heads, h.n_kv_heads, h.head_dim_k, h.head_dim_v) != shape:
-        raise NativeUnsupported(f"layer {i}: heads {h} other than the model's")
-    if not attn.owns_kv or attn.value_from_key or attn.value_norm:
-        raise NativeUnsupported(f"layer {i}: attention on shared K/V, or with V from K or normed")
+    if h.n_heads != cfg.n_heads or h.head_dim_k != h.head_dim_v or h.head_dim_k % 8 or h.head_dim_k > abi.MAX_HEAD_DIM:
+        raise NativeUnsupported(f"layer {i}: heads {h} (the model's query heads, key = value size, a multiple of 8)")
+    if attn.output_gate and (not attn.owns_kv or attn.value_from_key):
+        raise NativeUnsupported(f"layer {i}: an output gate on shared K/V or V from K")
 
 
 def _expert(bank: TensorInfo, e: int) -> TensorInfo:

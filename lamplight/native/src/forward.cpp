@@ -154,6 +154,8 @@ struct Model {
     vector<vector<int>> moe_rows;
     int32_t n_adapters = 0;  // the largest LoRA adapter index + 1: a step's lora_scales need as many
     int32_t n_kv_layers = 0;  // the KV pool's layers (those of the attention layers that own K/V)
+    vector<LpConfig> layer_cfg;          // per layer: the config with the layer's own shape (LpLayer.n_kv_heads...)
+    vector<float> ple, ple_gate;         // gemma4's per-layer inputs [T, n_layers * P], its branch's gate
     vector<const LpRecurrent*> mixers;  // the recurrent layers, by state index
     lp::RecurrentStep recurrent;        // this step's runs and new recurrent states
 };
@@ -162,6 +164,18 @@ template <class T>
 T* grow(vector<T>& v, size_t n) {
     if (v.size() < n) v.resize(n);
     return v.data();
+}
+
+// The config as one layer sees it: its own KV heads, head size, FFN width and rotated dims.
+const LpConfig& config_of(const Model& m, const LpLayer& layer) { return m.layer_cfg[&layer - m.layers.data()]; }
+
+LpConfig layer_config(const LpConfig& c, const LpLayer& layer) {
+    LpConfig own = c;
+    if (layer.n_kv_heads) own.n_kv_heads = layer.n_kv_heads;
+    if (layer.head_dim) own.head_dim_k = own.head_dim_v = layer.head_dim;
+    if (layer.n_ff) own.n_ff = layer.n_ff;
+    if (layer.n_rot) own.n_rot = layer.n_rot;
+    return own;
 }
 
 int64_t column_align(const LpLinearPart& part) { return part.dense ? 8 : lp_qweight_col_align(part.w.format); }
@@ -298,13 +312,26 @@ void split_output_gate(const LpConfig& c, float* row, int n_qkv, float* gate) {
 
 // Q/K norms, rotary embedding, and K/V into the pool, for one row.
 void prepare_row(const Model& m, const LpLayer& layer, int layer_index, const LpBatch& b, const LpKV& kv, int r, float* row) {
-    const LpConfig& c = m.cfg;
+    const LpConfig& c = config_of(m, layer);
     int dk = c.head_dim_k, dv = c.head_dim_v;
+    bool own_kv = !(layer.kv_flags & LP_KV_SHARED);
     float* q = row;
     float* k = row + c.n_heads * dk;
     const float* v = k + c.n_kv_heads * dk;
+    thread_local vector<float> values;
+    if (own_kv && (layer.kv_flags & (LP_V_FROM_K | LP_V_NORM))) {  // V from the raw K, and/or normed
+        const float* raw = layer.kv_flags & LP_V_FROM_K ? k : v;  // k before its norm and rope
+        values.assign(raw, raw + c.n_kv_heads * dv);
+        if (layer.kv_flags & LP_V_NORM)
+            for (int h = 0; h < c.n_kv_heads; h++) {
+                float* vh = values.data() + h * dv;
+                float scale = 1.0f / std::sqrt(dot(vh, vh, dv) / (float)dv + c.rms_eps);
+                for (int i = 0; i < dv; i++) vh[i] *= scale;
+            }
+        v = values.data();
+    }
     norm_heads(q, layer.q_norm, layer.qk_norm_whole, c.n_heads, dk, c.rms_eps);
-    norm_heads(k, layer.k_norm, layer.qk_norm_whole, c.n_kv_heads, dk, c.rms_eps);
+    if (own_kv) norm_heads(k, layer.k_norm, layer.qk_norm_whole, c.n_kv_heads, dk, c.rms_eps);
     int64_t pos = b.positions[r];
     bool rotate = layer.rope >= 0;  // -1: a NoPE layer
     const float* cos = rotate ? c.rope_cos[layer.rope] + pos * (c.n_rot / 2) : nullptr;
@@ -315,6 +342,7 @@ void prepare_row(const Model& m, const LpLayer& layer, int layer_index, const Lp
         float factor = (float)(std::log(steps + 1.0) * c.qtemp_scale + 1.0);
         for (int i = 0; i < c.n_heads * dk; i++) q[i] *= factor;
     }
+    if (!own_kv) return;
     for (int h = 0; h < c.n_kv_heads && rotate; h++) rope(k + h * dk, cos, sin, c.n_rot, c.rope_neox);
     int64_t slot = b.write_slots[r];
     for (int h = 0; h < c.n_kv_heads; h++) {
@@ -445,7 +473,7 @@ void attend_rows(const LpConfig& c, const float* q, const float* keys, const flo
 
 void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const LpKV& kv, const float* qkv, int n_qkv,
                float* attn) {
-    const LpConfig& c = m.cfg;
+    const LpConfig& c = config_of(m, layer);
     int T = b.n_rows, H = c.n_kv_heads, dk = c.head_dim_k, dv = c.head_dim_v, group = c.n_heads / H;
     int64_t n_attn = (int64_t)c.n_heads * dv;
     // Chunks of several rows (consecutive rows with one key list) get shared converted keys.
@@ -648,7 +676,7 @@ void branch_input(const float* hr, const float* norm, const LpConfig& c, float* 
 // The attention branch: out [T, E] from the normed (and quantized) rows x.
 void attention_branch(Model& m, const LpLayer& layer, const LpBatch& b, const LpKV& kv, const float* x, float* out,
                       PhaseTimer& timer) {
-    const LpConfig& c = m.cfg;
+    const LpConfig& c = config_of(m, layer);
     int T = b.n_rows, n_qkv = layer.qkv.n_out, n_attn = c.n_heads * c.head_dim_v, n_q = c.n_heads * c.head_dim_k;
     float* qkv = grow(m.qkv, (size_t)T * n_qkv);
     float* attn = grow(m.attn, (size_t)T * n_attn);
@@ -690,7 +718,7 @@ void recurrent_branch(Model& m, const LpRecurrent& mixer, const LpBatch& b, cons
 // One decoder layer. `pending`: the previous layer, whose MLP output (in m.out) is added to the
 // residual stream in this layer's first phase (one parallel phase fewer per layer).
 void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpLayer* pending) {
-    const LpConfig& c = m.cfg;
+    const LpConfig& c = m.layer_cfg[li];
     const LpLayer& layer = m.layers[li];
     int T = b.n_rows, E = c.n_embd, F = c.n_ff;
     float *h = m.h.data(), *x = m.x.data();
@@ -741,6 +769,61 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpL
     timer.lap(P_DOWN);
 }
 
+// Gemma 4's per-layer inputs [T, n_layers * P], from the scaled embeddings (in m.h) and the
+// batch's per-layer token rows.
+void per_layer_inputs(Model& m, const LpBatch& b) {
+    const LpConfig& c = m.cfg;
+    const LpPerLayerEmbedding& pe = *c.per_layer_embedding;
+    int T = b.n_rows, E = c.n_embd, P = pe.size, L = c.n_layers;
+    float* ple = grow(m.ple, (size_t)T * L * P);
+    linear(pe.model_proj, m.h.data(), T, ple, m.acts);
+    const float proj_scale = 1.0f / std::sqrt((float)E), row_scale = std::sqrt((float)P), half = 1.0f / std::sqrt(2.0f);
+    for_rows(T, [&](int r, int) {
+        float projected[LP_MAX_EMBD];
+        for (int il = 0; il < L; il++) {
+            float* p = ple + ((int64_t)r * L + il) * P;
+            const float* rows = b.per_layer_rows + ((int64_t)r * L + il) * P;
+            for (int i = 0; i < P; i++) p[i] *= proj_scale;
+            rms_norm(p, pe.proj_norm, c.rms_eps, P, projected);
+            for (int i = 0; i < P; i++) p[i] = (projected[i] + rows[i] * row_scale) * half;
+        }
+    });
+}
+
+// Layers with a per-layer input or an output scale add their FFN output themselves (the others
+// leave it to the next layer's first phase).
+bool finishes_itself(const LpLayer& layer) { return layer.per_layer_input || layer.output_scale != 0.0f; }
+
+// The FFN's residual add, then x += rms(proj (act(inp_gate x) * ple_il), post_norm), then
+// x *= output_scale.
+void finish_layer(Model& m, int li, const LpBatch& b) {
+    const LpConfig& c = m.layer_cfg[li];
+    const LpLayer& layer = m.layers[li];
+    int T = b.n_rows, E = c.n_embd, L = c.n_layers;
+    float *h = m.h.data(), *out = m.out.data();
+    for_rows(T, [&](int r, int) { add_residual(h + (int64_t)r * E, out + (int64_t)r * E, layer.post_ffn_norm, c); });
+    if (layer.per_layer_input) {
+        const LpPerLayerInput& pli = *layer.per_layer_input;
+        int P = pli.inp_gate.n_out;
+        float* gate = grow(m.ple_gate, (size_t)T * P);
+        linear(pli.inp_gate, h, T, gate, m.acts, false, b.lora_scales);
+        for_rows(T, [&](int r, int) {
+            const float* ple = m.ple.data() + ((int64_t)r * L + li) * P;
+            for (int i = 0; i < P; i++) gate[(int64_t)r * P + i] = gated(c.activation, gate[(int64_t)r * P + i], ple[i]);
+        });
+        linear(pli.proj, gate, T, out, m.acts, false, b.lora_scales);
+        for_rows(T, [&](int r, int) {
+            float normed[LP_MAX_EMBD];
+            rms_norm(out + (int64_t)r * E, pli.post_norm, c.rms_eps, E, normed);
+            for (int i = 0; i < E; i++) h[(int64_t)r * E + i] += normed[i];
+        });
+    }
+    if (layer.output_scale != 0.0f)
+        for_rows(T, [&](int r, int) {
+            for (int i = 0; i < E; i++) h[(int64_t)r * E + i] *= layer.output_scale;
+        });
+}
+
 // The step itself, once its batch is checked.
 void forward(Model& m, const LpBatch& b, const LpKV& kv, float* logits) {
     const LpConfig& c = m.cfg;
@@ -750,15 +833,21 @@ void forward(Model& m, const LpBatch& b, const LpKV& kv, float* logits) {
     for_rows(T, [&](int r, int) {
         for (int i = 0; i < E; i++) h[(int64_t)r * E + i] = b.embeddings[(int64_t)r * E + i] * c.embd_scale;
     });
-    for (int li = 0; li < c.n_layers; li++) layer_forward(m, li, b, kv, li > 0 ? &m.layers[li - 1] : nullptr);
+    if (c.per_layer_embedding) per_layer_inputs(m, b);
+    for (int li = 0; li < c.n_layers; li++) {
+        const LpLayer* previous = li > 0 ? &m.layers[li - 1] : nullptr;
+        layer_forward(m, li, b, kv, previous && !finishes_itself(*previous) ? previous : nullptr);
+        if (finishes_itself(m.layers[li])) finish_layer(m, li, b);
+    }
     PhaseTimer timer;
     // Only the logit rows need the last layer's output and the final norm.
     const LpLayer& last = m.layers[c.n_layers - 1];
+    const bool last_pending = !finishes_itself(last);
     float* normed = grow(m.logits_in, (size_t)b.n_logits * E);
     uint8_t* acts = acts_for(m.acts, b.n_logits, E);
     for_rows(b.n_logits, [&](int i, int) {
         float* hr = h + b.logit_rows[i] * E;
-        add_residual(hr, m.out.data() + b.logit_rows[i] * E, last.post_ffn_norm, c);
+        if (last_pending) add_residual(hr, m.out.data() + b.logit_rows[i] * E, last.post_ffn_norm, c);
         rms_norm(hr, c.output_norm, c.rms_eps, E, normed + (int64_t)i * E);
         quantize_row(normed, E, i, acts);
     });
@@ -853,15 +942,37 @@ int32_t check_mixer(const LpLayer& layer, const LpConfig& c, int li, int32_t& n_
                         "output gate %d (head sizes %lld/%lld)", li, layer.rope, layer.window, layer.kv_layer,
                         layer.output_gate, (long long)dk, (long long)dv);
     std::snprintf(name, sizeof name, "layer %d qkv", li);
-    int64_t n_qkv = (c.n_heads * (layer.output_gate ? 2 : 1) + c.n_kv_heads) * dk + c.n_kv_heads * dv;
+    int64_t n_q = c.n_heads * (layer.output_gate ? 2 : 1) * dk;
+    int64_t n_qkv = layer.kv_flags & LP_KV_SHARED ? n_q
+                    : n_q + c.n_kv_heads * dk + (layer.kv_flags & LP_V_FROM_K ? 0 : c.n_kv_heads * dv);
     if (int32_t rc = check_linear(layer.qkv, name, E, n_qkv, n_adapters)) return rc;
     std::snprintf(name, sizeof name, "layer %d wo", li);
     return check_linear(layer.wo, name, c.n_heads * dv, E, n_adapters);
 }
 
+// A layer's own shape (its view of the config) and its per-layer input branch.
+int32_t check_layer_extras(const LpLayer& layer, const LpConfig& c, int li, int32_t& n_adapters) {
+    if (layer.n_kv_heads < 0 || layer.head_dim < 0 || layer.n_ff < 0 || layer.n_rot < 0 || c.n_kv_heads < 1 ||
+        c.n_heads % c.n_kv_heads != 0 || c.head_dim_k % 8 != 0 || c.head_dim_k > LP_MAX_HEAD_DIM ||
+        c.n_rot > c.head_dim_k || c.n_rot % 2 != 0 || layer.kv_flags < 0 || layer.kv_flags > 7)
+        return lp::fail(LP_ERR_MODEL, "layer %d: %d KV heads of %d (a multiple of 8 up to %d), %d rotated, KV flags %d", li,
+                        c.n_kv_heads, c.head_dim_k, LP_MAX_HEAD_DIM, c.n_rot, layer.kv_flags);
+    if (!layer.per_layer_input) return LP_OK;
+    const LpPerLayerInput& pli = *layer.per_layer_input;
+    const LpPerLayerEmbedding* pe = c.per_layer_embedding;
+    char name[64];
+    if (!pe || !pli.post_norm || pli.inp_gate.n_out != pe->size)
+        return lp::fail(LP_ERR_MODEL, "layer %d: a per-layer input branch without the model's per-layer embedding", li);
+    std::snprintf(name, sizeof name, "layer %d inp_gate", li);
+    if (int32_t rc = check_linear(pli.inp_gate, name, c.n_embd, pe->size, n_adapters)) return rc;
+    std::snprintf(name, sizeof name, "layer %d proj", li);
+    return check_linear(pli.proj, name, pe->size, c.n_embd, n_adapters);
+}
+
 int32_t check_layer(const LpLayer& layer, const LpConfig& c, int li, int32_t& n_adapters) {
     int64_t E = c.n_embd;
     char name[64];
+    if (int32_t rc = check_layer_extras(layer, c, li, n_adapters)) return rc;
     if (int32_t rc = check_mixer(layer, c, li, n_adapters)) return rc;
     if (layer.moe) return check_experts(*layer.moe, c, li, n_adapters);
     std::snprintf(name, sizeof name, "layer %d gate_up", li);
@@ -902,7 +1013,13 @@ int32_t check_model(Model& m) {
                         c.head_dim_v, c.n_rot, c.vocab);
     m.n_adapters = 0;
     for (int li = 0; li < c.n_layers; li++)
-        if (int32_t rc = check_layer(m.layers[li], c, li, m.n_adapters)) return rc;
+        if (int32_t rc = check_layer(m.layers[li], m.layer_cfg[li], li, m.n_adapters)) return rc;
+    if (const LpPerLayerEmbedding* pe = c.per_layer_embedding) {
+        if (pe->size < 1 || pe->size > LP_MAX_EMBD || !pe->proj_norm)
+            return lp::fail(LP_ERR_MODEL, "per-layer embedding of size %d", pe->size);
+        if (int32_t rc = check_linear(pe->model_proj, "per-layer model_proj", c.n_embd, (int64_t)c.n_layers * pe->size, m.n_adapters))
+            return rc;
+    }
     if (int32_t rc = index_state_layers(m)) return rc;
     return check_linear(c.head, "head", c.n_embd, c.vocab, m.n_adapters);
 }
@@ -921,6 +1038,7 @@ int32_t check_counts(const Model& m, const LpBatch& b) {
                         b.n_rows, b.n_logits, (long long)b.n_key_slots, b.n_lora_scales);
     bool rows = b.n_rows > 0;
     if ((rows && (!b.embeddings || !b.positions || !b.write_slots || !b.key_offsets)) ||
+        (rows && m.cfg.per_layer_embedding && !b.per_layer_rows) ||
         (b.n_key_slots > 0 && !b.key_slots) || (b.n_logits > 0 && !b.logit_rows) ||
         (b.n_lora_scales > 0 && !b.lora_scales))
         return lp::fail(LP_ERR_ARGUMENT, "a null array in a batch of %d rows", b.n_rows);
@@ -983,6 +1101,7 @@ void* lp_model_new(const LpConfig* config, const LpLayer* layers) {
         m = new Model();
         m->cfg = *config;
         m->layers.assign(layers, layers + config->n_layers);
+        for (const LpLayer& layer : m->layers) m->layer_cfg.push_back(layer_config(m->cfg, layer));
         return check_model(*m);
     });
     if (rc == LP_OK) return m;

@@ -74,6 +74,23 @@ typedef struct LpExperts {
 typedef struct LpRecurrent LpRecurrent;
 typedef struct LpStates LpStates;
 
+// Gemma 4's per-layer inputs: before layer 0, per row, ple = (rms(model_proj x / sqrt(E)) per
+// layer over `size`, proj_norm) + rows * sqrt(size)) / sqrt(2), x the scaled embedding and rows
+// the batch's per_layer_rows; layer il's branch, after its FFN:
+// x += rms(proj (act(inp_gate x) * ple_il), post_norm).
+typedef struct LpPerLayerEmbedding {
+    int32_t size;          // P
+    int32_t reserved;
+    LpLinear model_proj;   // n_embd -> n_layers * P
+    const float* proj_norm;  // [P]
+} LpPerLayerEmbedding;
+
+typedef struct LpPerLayerInput {
+    LpLinear inp_gate;     // n_embd -> P
+    LpLinear proj;         // P -> n_embd
+    const float* post_norm;  // [n_embd]
+} LpPerLayerInput;
+
 typedef struct LpLayer {
     LpLinear qkv;      // outputs: Q (n_heads * head_dim_k; with output_gate [q_h | gate_h] per head) | K | V
     LpLinear wo;
@@ -85,7 +102,7 @@ typedef struct LpLayer {
     const float* k_norm;
     const float* post_attn_norm;  // or null
     const float* post_ffn_norm;   // or null
-    int32_t rope;                 // which rope table (0 or 1)
+    int32_t rope;                 // which rope table (0 or 1), -1: no rotation (NoPE layers)
     int32_t window;               // sliding window in tokens, 0 = none
     int32_t qk_norm_whole;        // 1: q_norm/k_norm normalise the whole projection (olmo2)
     int32_t reserved;
@@ -94,7 +111,17 @@ typedef struct LpLayer {
     int32_t kv_layer;             // the KV pool layer its K/V live in (attention layers)
     int32_t output_gate;          // 1: attention output times sigmoid(gate) per head and dim (qwen35)
     const LpRecurrent* recurrent; // the token mixer instead of attention (qkv, wo unused), or null
+    // This layer's shape where it is not the config's (gemma4; 0 = the config's): KV heads, the
+    // key = value head size, the FFN width, the rotated dims of its rope table.
+    int32_t n_kv_heads, head_dim, n_ff, n_rot;
+    int32_t kv_flags;             // LP_KV_SHARED | LP_V_FROM_K | LP_V_NORM
+    float output_scale;           // the whole residual stream times this after the layer (gemma4), 0 = none
+    const LpPerLayerInput* per_layer_input;  // gemma4's per-layer input branch, or null
 } LpLayer;
+
+// kv_flags: SHARED: attends over kv_layer's K/V, written by an earlier layer (its qkv is Q only);
+// V_FROM_K: V is the raw K projection (qkv is Q | K); V_NORM: V RMS-normalised without weight.
+enum { LP_KV_SHARED = 1, LP_V_FROM_K = 2, LP_V_NORM = 4 };
 
 enum { LP_ACT_SILU = 0, LP_ACT_GELU_TANH = 1, LP_ACT_SWIGLU_OAI = 2 };
 // softmax: top-k of the softmax over all experts; selected: top-k of the logits, softmax over them.
@@ -115,6 +142,7 @@ typedef struct LpConfig {
     const float* rope_sin[2];
     const float* output_norm;
     LpLinear head;
+    const LpPerLayerEmbedding* per_layer_embedding;  // gemma4, or null
 } LpConfig;
 
 // Every array the step reads comes with its length (the rows' arrays have n_rows entries), and
@@ -132,6 +160,7 @@ typedef struct LpBatch {
     const int64_t* key_slots;     // pool index of key position p of row r: key_slots[key_offsets[r] + p]
     const int64_t* logit_rows;    // [n_logits]
     const float* lora_scales;     // [n_lora_scales] this step's scale per adapter (null: none loaded)
+    const float* per_layer_rows;  // [n_rows, n_layers * P] per-layer token embeddings (gemma4), or null
 } LpBatch;
 
 typedef struct LpKV {
