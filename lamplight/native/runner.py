@@ -3,7 +3,9 @@
 `NativeRunner(spec, lib)` describes a DecoderSpec (lamplight.models.spec) to the C++ side once:
 the packed weights (lamplight.native.pack, exact repacks of the GGUF blocks), norms, RoPE
 tables, LoRA adapters. Each step runs every row through the same native code, K/V written to
-the caller's paged pool, logits for the batch's logit rows. It reads only the spec: no PyTorch
+the caller's paged pool, the recurrent layers' states (hybrid models) read from and written to
+its RecurrentPool (written once the whole step has succeeded), logits for the batch's logit
+rows. It reads only the spec: no PyTorch
 module of the model is built.
 """
 
@@ -437,8 +439,10 @@ def _check_supported(spec: DecoderSpec) -> None:
 
 
 def _check_mixer(spec: DecoderSpec, i: int, layer: LayerSpec) -> None:
-    """What the native forward computes of a layer's token mixer and extras: attention with the
-    model's head shape and a rope, Gated DeltaNet."""
+    """What the native forward computes of a layer beyond the model-wide checks: attention with
+    the model's query heads and key = value head sizes (its own KV heads, head size, rope, sliding
+    window, shared K/V), any recurrent mixer of lamplight.models.spec, a shared expert of the
+    routed experts' activation."""
     cfg = spec.config
     if isinstance(layer.ffn, ExpertsSpec) and layer.ffn.shared is not None and layer.ffn.shared.activation != layer.ffn.activation:
         raise NativeUnsupported(f"layer {i}: a shared expert of another activation")

@@ -1,4 +1,5 @@
-// The native forward pass: a whole decoder-only transformer step in one call.
+// The native forward pass: a whole decoder-only transformer step in one call (hybrids too: a
+// layer's token mixer is attention or a recurrent mixer of src/recurrent.h).
 //
 // Every row (token) of a step is computed independently of the others and in the same order,
 // whatever the batch: decode tokens and prompt tokens go through the same code, so a request's
