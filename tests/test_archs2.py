@@ -136,22 +136,6 @@ def test_pytorch_backend_stays_close(arch, runners):
     assert worst < 0.6 and agree >= 0.9 * total
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_fast_backend_falls_back_to_pytorch_by_name(arch):
-    """The native forward refuses these architectures by name, so "fast" serves PyTorch's kernels."""
-    loaded = lamplight.load(_path(arch), backend="fast")
-    assert loaded.runner.backend == "pytorch"
-    reason = loaded.kernels
-    assert arch in reason or "no C++ compiler" in reason, reason
-    from lamplight.native import runtime
-    from lamplight.native.runner import NativeRunner, NativeUnsupported
-
-    lib = runtime.library()
-    if lib is not None:
-        with pytest.raises(NativeUnsupported, match=arch):
-            NativeRunner(define_model(GGUFFile(_path(arch))), lib)
-
-
 # -- the recurrent state ----------------------------------------------------------------------------
 
 

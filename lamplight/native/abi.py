@@ -17,7 +17,9 @@ LP_ACT_SILU, LP_ACT_GELU_TANH, LP_ACT_SWIGLU_OAI = 0, 1, 2
 LP_GATING_SOFTMAX, LP_GATING_SOFTMAX_SELECTED = 0, 1
 MAX_EXPERTS, MAX_EXPERTS_USED = 1024, 64
 LP_KV_F32, LP_KV_F16, LP_KV_BF16 = 0, 1, 2
-MAX_PARTS = 3
+LP_KV_SHARED, LP_V_FROM_K, LP_V_NORM = 1, 2, 4  # LpLayer.kv_flags
+MAX_PARTS = 4
+LP_MIX_DELTANET, LP_MIX_SHORTCONV, LP_MIX_MAMBA2 = 1, 2, 3  # LpRecurrent.kind (src/recurrent.h)
 MAX_EMBD, MAX_HEAD_DIM = 8192, 1024
 PROFILE_PHASES = ("norm", "qkv", "rope_kv", "attention", "wo", "residual", "gate_up", "activation", "down", "head")
 
@@ -55,6 +57,8 @@ class Experts(ctypes.Structure):
         ("n_expert", c_int32), ("n_used", c_int32), ("n_ff", c_int32), ("gating", c_int32),
         ("normalize", c_int32), ("activation", c_int32),
         ("router", c_void_p), ("router_bias", c_void_p), ("gate_up", POINTER(Linear)), ("down", POINTER(Linear)),
+        ("shared_n_ff", c_int32), ("reserved", c_int32), ("shared_gate_up", POINTER(Linear)),
+        ("shared_down", POINTER(Linear)), ("shared_gate", c_void_p),
     ]
 
 
@@ -65,7 +69,33 @@ class Layer(ctypes.Structure):
         ("post_attn_norm", c_void_p), ("post_ffn_norm", c_void_p),
         ("rope", c_int32), ("window", c_int32), ("qk_norm_whole", c_int32), ("reserved", c_int32),
         ("sinks", c_void_p), ("moe", POINTER(Experts)),
+        ("kv_layer", c_int32), ("output_gate", c_int32), ("recurrent", c_void_p),
+        ("n_kv_heads", c_int32), ("head_dim", c_int32), ("n_ff", c_int32), ("n_rot", c_int32),
+        ("kv_flags", c_int32), ("output_scale", c_float), ("per_layer_input", c_void_p),
     ]
+
+
+class PerLayerEmbedding(ctypes.Structure):
+    _fields_ = [("size", c_int32), ("reserved", c_int32), ("model_proj", Linear), ("proj_norm", c_void_p)]
+
+
+class PerLayerInput(ctypes.Structure):
+    _fields_ = [("inp_gate", Linear), ("proj", Linear), ("post_norm", c_void_p)]
+
+
+class Recurrent(ctypes.Structure):
+    _fields_ = [
+        ("kind", c_int32), ("state", c_int32), ("n_groups", c_int32), ("n_heads", c_int32),
+        ("head_dim", c_int32), ("conv_kernel", c_int32), ("channels", c_int32), ("inner", c_int32),
+        ("in_proj", Linear), ("out", Linear),
+        ("conv", c_void_p), ("conv_bias", c_void_p), ("dt_bias", c_void_p), ("a", c_void_p), ("d", c_void_p),
+        ("norm", c_void_p),
+    ]
+
+
+class States(ctypes.Structure):
+    _fields_ = [("n_layers", c_int32), ("n_slots", c_int32), ("n_rows", c_int32), ("reserved", c_int32),
+                ("row_slots", c_void_p), ("history", POINTER(c_void_p)), ("matrix", POINTER(c_void_p))]
 
 
 class Config(ctypes.Structure):
@@ -77,7 +107,7 @@ class Config(ctypes.Structure):
         ("residual_scale", c_float), ("logit_scale", c_float), ("attn_softcap", c_float),
         ("qtemp_scale", c_float), ("qtemp_length", c_float), ("qtemp_offset", c_float),
         ("rope_cos", c_void_p * 2), ("rope_sin", c_void_p * 2),
-        ("output_norm", c_void_p), ("head", Linear),
+        ("output_norm", c_void_p), ("head", Linear), ("per_layer_embedding", c_void_p),
     ]
 
 
@@ -86,7 +116,7 @@ class Batch(ctypes.Structure):
         ("n_rows", c_int32), ("n_logits", c_int32), ("n_key_slots", c_int64), ("n_lora_scales", c_int32),
         ("reserved", c_int32), ("embeddings", c_void_p), ("positions", c_void_p), ("write_slots", c_void_p),
         ("key_offsets", c_void_p), ("key_slots", c_void_p), ("logit_rows", c_void_p), ("lora_scales", c_void_p),
-        ("key_ends", c_void_p), ("given_rows", c_void_p),
+        ("key_ends", c_void_p), ("given_rows", c_void_p), ("per_layer_rows", c_void_p),
     ]
 
 
@@ -98,7 +128,8 @@ class KV(ctypes.Structure):
 # The C name of each mirror (what lp_abi_layout calls it).
 STRUCTS: dict[str, type[ctypes.Structure]] = {
     "lp_qweight": QWeight, "LpLinearPart": LinearPart, "LpLora": Lora, "LpLinear": Linear, "LpExperts": Experts,
-    "LpLayer": Layer, "LpConfig": Config, "LpBatch": Batch, "LpKV": KV,
+    "LpLayer": Layer, "LpConfig": Config, "LpBatch": Batch, "LpKV": KV, "LpRecurrent": Recurrent,
+    "LpStates": States, "LpPerLayerEmbedding": PerLayerEmbedding, "LpPerLayerInput": PerLayerInput,
 }
 
 
@@ -109,7 +140,9 @@ def constants() -> dict[str, int]:
     return {
         "LP_ACT_SILU": LP_ACT_SILU, "LP_ACT_GELU_TANH": LP_ACT_GELU_TANH, "LP_ACT_SWIGLU_OAI": LP_ACT_SWIGLU_OAI,
         "LP_GATING_SOFTMAX": LP_GATING_SOFTMAX, "LP_GATING_SOFTMAX_SELECTED": LP_GATING_SOFTMAX_SELECTED,
-        "LP_KV_F32": LP_KV_F32, "LP_KV_F16": LP_KV_F16, "LP_KV_BF16": LP_KV_BF16,
+        "LP_KV_F32": LP_KV_F32, "LP_KV_F16": LP_KV_F16, "LP_KV_BF16": LP_KV_BF16, "LP_MIX_DELTANET": LP_MIX_DELTANET,
+        "LP_KV_SHARED": LP_KV_SHARED, "LP_V_FROM_K": LP_V_FROM_K, "LP_V_NORM": LP_V_NORM,
+        "LP_MIX_SHORTCONV": LP_MIX_SHORTCONV, "LP_MIX_MAMBA2": LP_MIX_MAMBA2,
         "LP_MAX_PARTS": MAX_PARTS, "LP_MAX_EXPERTS": MAX_EXPERTS, "LP_MAX_EXPERTS_USED": MAX_EXPERTS_USED,
         "LP_MAX_LORA_RANK": MAX_LORA_RANK, "LP_MAX_EMBD": MAX_EMBD, "LP_MAX_HEAD_DIM": MAX_HEAD_DIM,
         "LP_PROFILE_PHASES": len(PROFILE_PHASES),
@@ -252,6 +285,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.lp_model_free.restype = None
     lib.lp_forward.argtypes = [c_void_p, POINTER(Batch), POINTER(KV), c_void_p]
     lib.lp_forward.restype = c_int32
+    lib.lp_forward_states.argtypes = [c_void_p, POINTER(Batch), POINTER(KV), POINTER(States), c_void_p]
+    lib.lp_forward_states.restype = c_int32
     lib.lp_model_scratch_bytes.argtypes = [c_void_p]
     lib.lp_model_scratch_bytes.restype = c_int64
     lib.lp_profile.argtypes = [c_int32, POINTER(ctypes.c_double)]

@@ -3,7 +3,9 @@
 `NativeRunner(spec, lib)` describes a DecoderSpec (lamplight.models.spec) to the C++ side once:
 the packed weights (lamplight.native.pack, exact repacks of the GGUF blocks), norms, RoPE
 tables, LoRA adapters. Each step runs every row through the same native code, K/V written to
-the caller's paged pool, logits for the batch's logit rows. It reads only the spec: no PyTorch
+the caller's paged pool, the recurrent layers' states (hybrid models) read from and written to
+its RecurrentPool (written once the whole step has succeeded), logits for the batch's logit
+rows. It reads only the spec: no PyTorch
 module of the model is built.
 """
 
@@ -20,10 +22,13 @@ from ..gguf.quant import dequantize, dequantize_rows
 from ..models.batch import ForwardBatch
 from ..models.layers import Rotary, shift_kv
 from ..models.lora import LoraAdapter, LoraScales, check_adapters
-from ..models.spec import DecoderSpec, ExpertsSpec, FeedForwardSpec, LayerSpec
+from ..models.recurrent import advance_states
+from ..models.spec import (DecoderSpec, DeltaNetSpec, ExpertsSpec, FeedForwardSpec, LayerSpec, Mamba2Spec, RecurrentSpec,
+                           ShortConvSpec)
 from ..runner.base import ModelRunner
 from ..state import ModelState
 from ..state.kv import KVPool
+from ..state.recurrent import RecurrentPool
 from . import abi
 from .abi import NativeUnsupported
 
@@ -57,6 +62,7 @@ class NativeRunner(ModelRunner):
         self._adapters: list[LoraAdapter] = []
         self._packed: dict[tuple[str, ...], list] = {}  # packed parts by weight names (kept across rebuilds)
         self._kv_desc: tuple[KVPool, abi.KV] | None = None  # (the pool, its description)
+        self._state_desc: tuple[RecurrentPool, abi.States] | None = None  # likewise for recurrent state
         self.handle = None
         self._rebuild()
         lib.lp_set_threads(torch.get_num_threads())  # -t sets torch's count before loading
@@ -79,12 +85,15 @@ class NativeRunner(ModelRunner):
     def _rebuild(self) -> None:
         self._keep: list = []  # every array the C side points into
         config = self._describe_config()
-        layers = (abi.Layer * len(self.spec.layers))(*(self._describe_layer(layer) for layer in self.spec.layers))
+        state_index = itertools.count()
+        layers = (abi.Layer * len(self.spec.layers))(*(
+            self._describe_layer(layer, next(state_index) if layer.recurrent is not None else None)
+            for layer in self.spec.layers))
         if self.handle:
             self.lib.lp_model_free(self.handle)
         self._config, self._layers = config, layers
         self.handle = self.lib.lp_model_new(ctypes.byref(config), layers)
-        self._has_loras = any(lin.n_loras for layer in layers for lin in (layer.qkv, layer.wo, layer.gate_up, layer.down))
+        self._has_loras = any(lin.n_loras for layer in layers for lin in self._layer_linears(layer))
 
     def describe(self) -> str:
         """The kernel set, for the start-up log and /props: e.g. 'native avx512vnni (w4, w8_32; 2 threads)'."""
@@ -100,7 +109,8 @@ class NativeRunner(ModelRunner):
         return self.lib.lp_model_scratch_bytes(self.handle)
 
     def shift_kv(self, state: ModelState, src: torch.Tensor, dst: torch.Tensor, delta: int) -> None:
-        shift_kv(state.kv, [self.ropes[layer.attn.rope] for layer in self.spec.layers], src, dst, delta)
+        owners = [layer.attn for layer in self.spec.layers if layer.attn is not None and layer.attn.owns_kv]
+        shift_kv(state.kv, [None if a.rope is None else self.ropes[a.rope] for a in owners], src, dst, delta)
 
     def __del__(self):
         handle = getattr(self, "handle", None)
@@ -158,9 +168,17 @@ class NativeRunner(ModelRunner):
             self._keep.append(array)
             lin.n_loras, lin.loras = len(loras), ctypes.cast(array, ctypes.POINTER(abi.Lora))
 
+    @staticmethod
+    def _layer_linears(layer: abi.Layer) -> list[abi.Linear]:
+        linears = [layer.qkv, layer.wo, layer.gate_up, layer.down]
+        if layer.recurrent:
+            mixer = abi.Recurrent.from_address(layer.recurrent)
+            linears += [mixer.in_proj, mixer.out]
+        return linears
+
     def _parts(self):
         for layer in self._layers:
-            for lin in (layer.qkv, layer.wo, layer.gate_up, layer.down):
+            for lin in self._layer_linears(layer):
                 yield from lin.parts[: lin.n_parts]
         yield from self._config.head.parts[: self._config.head.n_parts]
 
@@ -187,29 +205,87 @@ class NativeRunner(ModelRunner):
             # A scaling's magnitude (YaRN) scales the rotated values: folded into the tables.
             c.rope_cos[i], c.rope_sin[i] = (self._hold(t) for t in rope.tables())
         c.output_norm = self._hold(spec.output_norm)
+        if spec.per_layer_inputs is not None:
+            ple, pe = spec.per_layer_inputs, abi.PerLayerEmbedding()
+            pe.size, pe.proj_norm = ple.size, self._hold(ple.proj_norm)
+            pe.model_proj = self._linear(ple.model_proj.weights, ple.model_proj.bias)
+            self._keep.append(pe)
+            c.per_layer_embedding = ctypes.addressof(pe)
         head = spec.output.weights if spec.output is not None else (spec.token_embd,)  # tied: the embedding
         c.head = self._linear(head, spec.output_bias)
         return c
 
-    def _describe_layer(self, spec: LayerSpec) -> abi.Layer:
+    def _describe_layer(self, spec: LayerSpec, state_index: int | None) -> abi.Layer:
         attn, ffn = spec.attn, spec.ffn
         layer = abi.Layer()
-        layer.qkv = self._linear(attn.qkv.weights, attn.qkv.bias)
-        layer.wo = self._linear(attn.wo.weights, attn.wo.bias)
+        if spec.recurrent is not None:
+            layer.recurrent = self._recurrent(spec.recurrent, state_index)
+        else:
+            layer.qkv = self._linear(attn.qkv.weights, attn.qkv.bias)
+            layer.wo = self._linear(attn.wo.weights, attn.wo.bias)
+            layer.q_norm, layer.k_norm = self._hold(attn.q_norm), self._hold(attn.k_norm)
+            head_dim = attn.heads.head_dim_k
+            layer.qk_norm_whole = int(any(n is not None and n.numel() != head_dim for n in (attn.q_norm, attn.k_norm)))
+            layer.rope = -1 if attn.rope is None else attn.rope  # -1: no rotation (NoPE layers)
+            layer.window = attn.window or 0
+            layer.sinks = self._hold(attn.sinks)
+            layer.kv_layer, layer.output_gate = attn.kv_layer, int(attn.output_gate)
+            self._describe_shape(layer, spec)
         if isinstance(ffn, FeedForwardSpec):
             layer.gate_up = self._linear(ffn.gate_up.weights, ffn.gate_up.bias)
             layer.down = self._linear(ffn.down.weights, ffn.down.bias)
         else:
             layer.moe = self._experts(ffn)
-        layer.sinks = self._hold(attn.sinks)
         layer.attn_norm, layer.ffn_norm = self._hold(spec.attn_norm), self._hold(spec.ffn_norm)
         layer.post_attn_norm, layer.post_ffn_norm = self._hold(spec.post_attn_norm), self._hold(spec.post_ffn_norm)
-        layer.q_norm, layer.k_norm = self._hold(attn.q_norm), self._hold(attn.k_norm)
-        head_dim = self.spec.config.head_dim_k
-        layer.qk_norm_whole = int(any(n is not None and n.numel() != head_dim for n in (attn.q_norm, attn.k_norm)))
-        layer.rope = attn.rope
-        layer.window = attn.window or 0
+        layer.output_scale = spec.output_scale or 0.0
+        if spec.per_layer_input is not None:
+            pli, branch = spec.per_layer_input, abi.PerLayerInput()
+            branch.inp_gate = self._linear(pli.inp_gate.weights, pli.inp_gate.bias)
+            branch.proj = self._linear(pli.proj.weights, pli.proj.bias)
+            branch.post_norm = self._hold(pli.post_norm)
+            self._keep.append(branch)
+            layer.per_layer_input = ctypes.addressof(branch)
         return layer
+
+    def _describe_shape(self, layer: abi.Layer, spec: LayerSpec) -> None:
+        """The layer's own KV heads, head size, FFN width and rotated dims where they are not
+        the config's (gemma4), and how it gets its K/V."""
+        cfg, attn = self.spec.config, spec.attn
+        heads = attn.heads
+        if (heads.n_kv_heads, heads.head_dim_k) != (cfg.n_kv_heads, cfg.head_dim_k):
+            layer.n_kv_heads, layer.head_dim = heads.n_kv_heads, heads.head_dim_k
+        if isinstance(spec.ffn, FeedForwardSpec) and spec.ffn.down.in_features != cfg.n_ff:
+            layer.n_ff = spec.ffn.down.in_features
+        if attn.rope is not None and self.ropes[attn.rope].n_rot != self.ropes[0].n_rot:
+            layer.n_rot = self.ropes[attn.rope].n_rot
+        layer.kv_flags = ((0 if attn.owns_kv else abi.LP_KV_SHARED) | (abi.LP_V_FROM_K if attn.value_from_key else 0)
+                          | (abi.LP_V_NORM if attn.value_norm else 0))
+
+    def _recurrent(self, spec: RecurrentSpec, state_index: int) -> int:
+        """A recurrent mixer's description (its address); `state_index`: its place in the
+        recurrent state pool."""
+        mixer = abi.Recurrent()
+        mixer.state = state_index
+        mixer.channels, mixer.conv_kernel = spec.conv.shape
+        mixer.in_proj = self._linear(spec.in_proj.weights, spec.in_proj.bias)
+        mixer.out = self._linear(spec.out.weights, spec.out.bias)
+        mixer.inner = spec.out.in_features
+        mixer.conv = self._hold(spec.conv)
+        if isinstance(spec, DeltaNetSpec):
+            mixer.kind = abi.LP_MIX_DELTANET
+            mixer.n_groups, mixer.n_heads, mixer.head_dim = spec.n_k_heads, spec.n_v_heads, spec.head_dim
+        elif isinstance(spec, Mamba2Spec):
+            mixer.kind = abi.LP_MIX_MAMBA2
+            mixer.n_groups, mixer.n_heads, mixer.head_dim = spec.n_groups, spec.n_heads, spec.d_state
+            mixer.conv_bias, mixer.d = self._hold(spec.conv_bias), self._hold(spec.d)
+        else:
+            mixer.kind = abi.LP_MIX_SHORTCONV
+        if not isinstance(spec, ShortConvSpec):
+            mixer.dt_bias, mixer.a = self._hold(spec.dt_bias), self._hold(spec.a)
+            mixer.norm = self._hold(spec.norm.reshape(-1))
+        self._keep.append(mixer)
+        return ctypes.addressof(mixer)
 
     def _experts(self, ffn: ExpertsSpec):
         """A mixture-of-experts layer: the router in float32, each expert packed on its own."""
@@ -226,6 +302,14 @@ class NativeRunner(ModelRunner):
         self._keep += [gate_up, down, ex]
         ex.gate_up = ctypes.cast(gate_up, ctypes.POINTER(abi.Linear))
         ex.down = ctypes.cast(down, ctypes.POINTER(abi.Linear))
+        if ffn.shared is not None:
+            shared = ffn.shared
+            ex.shared_n_ff = shared.down.in_features
+            shared_gate_up = self._linear(shared.gate_up.weights, shared.gate_up.bias)
+            shared_down = self._linear(shared.down.weights, shared.down.bias)
+            self._keep += [shared_gate_up, shared_down]
+            ex.shared_gate_up, ex.shared_down = ctypes.pointer(shared_gate_up), ctypes.pointer(shared_down)
+            ex.shared_gate = self._hold(ffn.shared_gate)
         return ctypes.pointer(ex)
 
     # -- one step --------------------------------------------------------------------------------
@@ -236,9 +320,10 @@ class NativeRunner(ModelRunner):
             n = len(kv.k)
             desc = abi.KV()
             layout = kv.layout
-            if kv.k[0].shape[::2] != (layout.n_kv_heads, layout.head_dim_k) or kv.v[0].shape[::2] != (
-                    layout.n_kv_heads, layout.head_dim_v) or layout != self.spec.config.kv_layout:
-                raise ValueError(f"native forward: a KV pool of layout {layout}, the model's is {self.spec.config.kv_layout}")
+            shapes = [(k.shape[0], k.shape[2], v.shape[2]) for k, v in zip(kv.k, kv.v)]
+            expected = [a.kv_shape for layer in self.spec.layers if (a := layer.attn) is not None and a.owns_kv]
+            if shapes != expected or layout != self.spec.state_spec.kv:
+                raise ValueError(f"native forward: a KV pool of layout {layout}, the model's is {self.spec.state_spec.kv}")
             desc.k_type, desc.v_type = KV_TYPES[kv.k[0].dtype], KV_TYPES[kv.v[0].dtype]
             desc.pool_tokens = kv.k[0].shape[1]
             desc.n_layers = n  # the C side checks the pool has the model's layers
@@ -268,20 +353,58 @@ class NativeRunner(ModelRunner):
                 or logit_rows.dtype != torch.int64 or len(key_offsets) != n_rows
                 or (key_ends is not None and (key_ends.dtype != torch.int64 or key_ends.numel() != n_rows))):
             raise ValueError("native forward: the batch's arrays are not int64 [rows] (embeddings float32 [rows, n_embd])")
+        ple = self.spec.per_layer_inputs
+        per_layer_rows = None if ple is None else dequantize_rows(ple.token_embd, batch.token_ids.numpy()).contiguous()
         logits = torch.empty(logit_rows.numel(), self.config.vocab_size)
         scales = np.asarray(self.lora_scales.scales, dtype=np.float32) if self._has_loras else None
         b = abi.Batch(n_rows=n_rows, n_logits=logit_rows.numel(), n_key_slots=key_slots.size,
                       n_lora_scales=0 if scales is None else scales.size, embeddings=_ptr(embd),
                       positions=_ptr(positions), write_slots=_ptr(write_slots), key_offsets=_ptr(key_offsets),
                       key_slots=_ptr(key_slots), logit_rows=_ptr(logit_rows), lora_scales=_ptr(scales),
-                      key_ends=_ptr(key_ends), given_rows=_ptr(given))
+                      key_ends=_ptr(key_ends), given_rows=_ptr(given), per_layer_rows=_ptr(per_layer_rows))
         pool = self._kv(state.kv)
-        rc = self.lib.lp_forward(self.handle, ctypes.byref(b), ctypes.byref(pool), logits.data_ptr())
+        states = self._states(batch, state.recurrent) if self._recurrent_layers else None
+        rc = self.lib.lp_forward_states(self.handle, ctypes.byref(b), ctypes.byref(pool),
+                                        None if states is None else ctypes.byref(states), logits.data_ptr())
         if rc == abi.LP_ERR_UNSUPPORTED:
             raise NativeUnsupported(abi.last_error(self.lib)[1])
         if rc != abi.LP_OK:
             raise abi.error(self.lib, rc)  # ValueError naming the array, row and value out of range
+        if states is not None:
+            advance_states(batch, state.recurrent)
         return logits
+
+    @property
+    def _recurrent_layers(self) -> int:
+        return len(self.spec.state_spec.recurrent)
+
+    def _states(self, batch: ForwardBatch, pool: RecurrentPool | None) -> abi.States:
+        """The recurrent pool's description with this step's row slots; each chunk's start is
+        checked against its slot (as the PyTorch path checks it)."""
+        if pool is None:
+            raise ValueError("this model has recurrent layers: its state needs recurrent slots (new_state)")
+        seen = set()
+        for chunk in batch.chunks:
+            pool.check_start(chunk.state_slot, chunk.start_pos)
+            if chunk.state_slot in seen:
+                raise ValueError(f"two chunks of one step on recurrent state slot {chunk.state_slot}")
+            seen.add(chunk.state_slot)
+        if self._state_desc is None or self._state_desc[0] is not pool:
+            if pool.layouts != self.spec.state_spec.recurrent or any(
+                    not t.is_contiguous() or t.dtype != torch.float32 for t in (*pool.history, *pool.matrix) if t is not None):
+                raise ValueError("native forward: a recurrent state pool not laid out for this model")
+            desc = abi.States(n_layers=len(pool.layouts), n_slots=pool.n_sequences)
+            desc._history = (ctypes.c_void_p * len(pool.history))(*(t.data_ptr() for t in pool.history))
+            desc._matrix = (ctypes.c_void_p * len(pool.matrix))(*(_ptr(t) for t in pool.matrix))
+            desc.history = ctypes.cast(desc._history, ctypes.POINTER(ctypes.c_void_p))
+            desc.matrix = ctypes.cast(desc._matrix, ctypes.POINTER(ctypes.c_void_p))
+            self._state_desc = (pool, desc)
+        desc = self._state_desc[1]
+        slots = np.fromiter(itertools.chain.from_iterable([c.state_slot] * len(c.token_ids) for c in batch.chunks),
+                            dtype=np.int64, count=batch.token_ids.numel())
+        desc._row_slots = slots  # kept alive for the call
+        desc.n_rows, desc.row_slots = slots.size, _ptr(slots)
+        return desc
 
 
 
@@ -311,28 +434,40 @@ def _pack_groups(infos: list) -> list[tuple[list, object]]:
         return [([i], pack.pack(i)) for i in infos]
 
 
-# Architectures the native forward does not compute yet (recurrent mixers, gemma4's per-layer
-# inputs and shared KV, smollm3's NoPE layers): the "fast" backend serves them on PyTorch's kernels.
-NOT_NATIVE_ARCHITECTURES = frozenset({"qwen35", "qwen35moe", "lfm2", "granitehybrid", "gemma4", "smollm3"})
-
-
 def _check_supported(spec: DecoderSpec) -> None:
     """NativeUnsupported naming what the native forward does not compute."""
     cfg, opts = spec.config, spec.options
-    if cfg.architecture in NOT_NATIVE_ARCHITECTURES:
-        raise NativeUnsupported(f"the architecture {cfg.architecture!r} has no native forward yet")
     if cfg.head_dim_k % 8 or cfg.head_dim_v % 8 or cfg.n_embd > abi.MAX_EMBD or cfg.head_dim_k > abi.MAX_HEAD_DIM:
         raise NativeUnsupported(f"head sizes {cfg.head_dim_k}/{cfg.head_dim_v} or width {cfg.n_embd}")
     activations = {opts.activation} | {layer.ffn.activation for layer in spec.layers}
     unknown = sorted(a for a in activations if a not in _ACTIVATIONS)
     if unknown:
         raise NativeUnsupported(f"the activation {', '.join(unknown)}")
-    if len(spec.ropes) > 2 or len({(r.neox, r.n_rot) for r in spec.ropes}) > 1:
+    if len(spec.ropes) > 2 or len({r.neox for r in spec.ropes}) > 1:
         raise NativeUnsupported("two rope layouts")
-    for layer in spec.layers:
+    for i, layer in enumerate(spec.layers):
         ffn = layer.ffn
         if isinstance(ffn, ExpertsSpec) and (ffn.n_expert > abi.MAX_EXPERTS or ffn.n_used > abi.MAX_EXPERTS_USED):
             raise NativeUnsupported(f"{ffn.n_expert} experts, {ffn.n_used} used")
+        _check_mixer(spec, i, layer)
+
+
+def _check_mixer(spec: DecoderSpec, i: int, layer: LayerSpec) -> None:
+    """What the native forward computes of a layer beyond the model-wide checks: attention with
+    the model's query heads and key = value head sizes (its own KV heads, head size, rope, sliding
+    window, shared K/V), any recurrent mixer of lamplight.models.spec, a shared expert of the
+    routed experts' activation."""
+    cfg = spec.config
+    if isinstance(layer.ffn, ExpertsSpec) and layer.ffn.shared is not None and layer.ffn.shared.activation != layer.ffn.activation:
+        raise NativeUnsupported(f"layer {i}: a shared expert of another activation")
+    attn = layer.attn
+    if attn is None:
+        return
+    h = attn.heads
+    if h.n_heads != cfg.n_heads or h.head_dim_k != h.head_dim_v or h.head_dim_k % 8 or h.head_dim_k > abi.MAX_HEAD_DIM:
+        raise NativeUnsupported(f"layer {i}: heads {h} (the model's query heads, key = value size, a multiple of 8)")
+    if attn.output_gate and (not attn.owns_kv or attn.value_from_key):
+        raise NativeUnsupported(f"layer {i}: an output gate on shared K/V or V from K")
 
 
 def _expert(bank: TensorInfo, e: int) -> TensorInfo:

@@ -8,51 +8,22 @@
 #include <vector>
 
 #include "pool.h"
+#include "recurrent.h"
+#include "vec.h"
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
 namespace {
 
+using lp::dot;
+using lp::exp_approx;
+using lp::rms_norm;
+using lp::silu;
 using std::vector;
 
 // ---------------------------------------------------------------------------------------------
-// Small vector helpers. Each reduces in one fixed order for a given build, so a row's result
-// never depends on the rows around it.
-
-// The reduction order of dot() is the AVX2 one in every build (two 8-lane accumulators, then a
-// fixed tree), so the generic build computes the same bits as the vector builds.
-float dot(const float* a, const float* b, int n) {
-    int i = 0;
-#if defined(__AVX2__)
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-    }
-    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    __m256 acc = _mm256_add_ps(acc0, acc1);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    float sum = _mm_cvtss_f32(s);
-#else
-    float acc0[8] = {0}, acc1[8] = {0};
-    for (; i + 16 <= n; i += 16)
-        for (int l = 0; l < 8; l++) {
-            acc0[l] = std::fma(a[i + l], b[i + l], acc0[l]);
-            acc1[l] = std::fma(a[i + 8 + l], b[i + 8 + l], acc1[l]);
-        }
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) acc0[l] = std::fma(a[i + l], b[i + l], acc0[l]);
-    float acc[8], quad[4];
-    for (int l = 0; l < 8; l++) acc[l] = acc0[l] + acc1[l];
-    for (int l = 0; l < 4; l++) quad[l] = acc[l] + acc[l + 4];
-    float sum = (quad[0] + quad[2]) + (quad[1] + quad[3]);
-#endif
-    for (; i < n; i++) sum = std::fma(a[i], b[i], sum);
-    return sum;
-}
+// KV conversions (vec.h has the reductions, each in one fixed order for a given build).
 
 float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
@@ -131,40 +102,12 @@ void store_kv(void* base, int type, int64_t index, int n, const float* in) {
     for (int i = 0; i < n; i++) dst[i] = type == LP_KV_F16 ? float_to_half(in[i]) : float_to_bf16(in[i]);
 }
 
-void rms_norm(const float* x, const float* w, float eps, int n, float* out) {
-    float mean = dot(x, x, n) / (float)n;
-    float scale = 1.0f / std::sqrt(mean + eps);
-    for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
-}
-
-// exp(x) as Cephes' expf: x = n ln2 + r, a degree-6 polynomial for e^r, and 2^n by exponent
-// bits. Only plain float operations with no branch, so GCC vectorises the loops that call it
-// with the same results in every build (libm's expf is scalar, and was most of attention's time).
-inline float exp_approx(float x) {
-    x = std::min(std::max(x, -87.3f), 88.3f);
-    float n = std::nearbyint(x * 1.44269504088896341f);
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    float y = p * r * r + r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, 4);
-    return y * scale;
-}
-
 inline float gelu_tanh(float x) {
     const float c = 0.7978845608028654f;  // sqrt(2 / pi)
     float t = 1.0f - 2.0f / (exp_approx(2.0f * c * (x + 0.044715f * x * x * x)) + 1.0f);  // tanh
     return 0.5f * x * (1.0f + t);
 }
 
-inline float silu(float x) { return x / (1.0f + exp_approx(-x)); }
 
 // ---------------------------------------------------------------------------------------------
 // Optional wall-clock time per phase (lp_profile), to show where a step's time goes.
@@ -199,7 +142,7 @@ struct Model {
     LpConfig cfg;
     vector<LpLayer> layers;
     // Scratch, grown as needed (one forward at a time: the engine thread).
-    vector<float> h, x, qkv, attn, out, gate_up, act, logits_in;
+    vector<float> h, x, qkv, attn, gate, out, gate_up, act, logits_in;
     vector<uint8_t> acts;
     vector<vector<float>> thread_scratch;
     vector<float> shared_kv;  // converted keys of multi-row chunks (attention)
@@ -210,12 +153,29 @@ struct Model {
     vector<float> moe_weights, moe_outputs, moe_x, moe_gate_up, moe_act, moe_y;
     vector<vector<int>> moe_rows;
     int32_t n_adapters = 0;  // the largest LoRA adapter index + 1: a step's lora_scales need as many
+    int32_t n_kv_layers = 0;  // the KV pool's layers (those of the attention layers that own K/V)
+    vector<LpConfig> layer_cfg;          // per layer: the config with the layer's own shape (LpLayer.n_kv_heads...)
+    vector<float> ple, ple_gate;         // gemma4's per-layer inputs [T, n_layers * P], its branch's gate
+    vector<const LpRecurrent*> mixers;  // the recurrent layers, by state index
+    lp::RecurrentStep recurrent;        // this step's runs and new recurrent states
 };
 
 template <class T>
 T* grow(vector<T>& v, size_t n) {
     if (v.size() < n) v.resize(n);
     return v.data();
+}
+
+// The config as one layer sees it: its own KV heads, head size, FFN width and rotated dims.
+const LpConfig& config_of(const Model& m, const LpLayer& layer) { return m.layer_cfg[&layer - m.layers.data()]; }
+
+LpConfig layer_config(const LpConfig& c, const LpLayer& layer) {
+    LpConfig own = c;
+    if (layer.n_kv_heads) own.n_kv_heads = layer.n_kv_heads;
+    if (layer.head_dim) own.head_dim_k = own.head_dim_v = layer.head_dim;
+    if (layer.n_ff) own.n_ff = layer.n_ff;
+    if (layer.n_rot) own.n_rot = layer.n_rot;
+    return own;
 }
 
 int64_t column_align(const LpLinearPart& part) { return part.dense ? 8 : lp_qweight_col_align(part.w.format); }
@@ -336,25 +296,54 @@ void norm_heads(float* x, const float* weight, bool whole, int n_heads, int d, f
     }
 }
 
+// Q rows interleaved per head as [q_h | gate_h] (qwen35): the gates to `gate`, the row made
+// [q | k | v] as the other layers' rows.
+void split_output_gate(const LpConfig& c, float* row, int n_qkv, float* gate) {
+    int dk = c.head_dim_k, n_q = c.n_heads * dk;
+    thread_local vector<float> q;
+    q.resize(n_q);
+    for (int h = 0; h < c.n_heads; h++) {
+        std::memcpy(q.data() + h * dk, row + 2 * h * dk, dk * sizeof(float));
+        std::memcpy(gate + h * dk, row + 2 * h * dk + dk, dk * sizeof(float));
+    }
+    std::memcpy(row, q.data(), n_q * sizeof(float));
+    std::memmove(row + n_q, row + 2 * n_q, (n_qkv - 2 * n_q) * sizeof(float));
+}
+
 // Q/K norms, rotary embedding, and K/V into the pool, for one row.
 void prepare_row(const Model& m, const LpLayer& layer, int layer_index, const LpBatch& b, const LpKV& kv, int r, float* row) {
-    const LpConfig& c = m.cfg;
+    const LpConfig& c = config_of(m, layer);
     int dk = c.head_dim_k, dv = c.head_dim_v;
+    bool own_kv = !(layer.kv_flags & LP_KV_SHARED);
     float* q = row;
     float* k = row + c.n_heads * dk;
     const float* v = k + c.n_kv_heads * dk;
+    thread_local vector<float> values;
+    if (own_kv && (layer.kv_flags & (LP_V_FROM_K | LP_V_NORM))) {  // V from the raw K, and/or normed
+        const float* raw = layer.kv_flags & LP_V_FROM_K ? k : v;  // k before its norm and rope
+        values.assign(raw, raw + c.n_kv_heads * dv);
+        if (layer.kv_flags & LP_V_NORM)
+            for (int h = 0; h < c.n_kv_heads; h++) {
+                float* vh = values.data() + h * dv;
+                float scale = 1.0f / std::sqrt(dot(vh, vh, dv) / (float)dv + c.rms_eps);
+                for (int i = 0; i < dv; i++) vh[i] *= scale;
+            }
+        v = values.data();
+    }
     norm_heads(q, layer.q_norm, layer.qk_norm_whole, c.n_heads, dk, c.rms_eps);
-    norm_heads(k, layer.k_norm, layer.qk_norm_whole, c.n_kv_heads, dk, c.rms_eps);
+    if (own_kv) norm_heads(k, layer.k_norm, layer.qk_norm_whole, c.n_kv_heads, dk, c.rms_eps);
     int64_t pos = b.positions[r];
-    const float* cos = c.rope_cos[layer.rope] + pos * (c.n_rot / 2);
-    const float* sin = c.rope_sin[layer.rope] + pos * (c.n_rot / 2);
-    for (int h = 0; h < c.n_heads; h++) rope(q + h * dk, cos, sin, c.n_rot, c.rope_neox);
+    bool rotate = layer.rope >= 0;  // -1: a NoPE layer
+    const float* cos = rotate ? c.rope_cos[layer.rope] + pos * (c.n_rot / 2) : nullptr;
+    const float* sin = rotate ? c.rope_sin[layer.rope] + pos * (c.n_rot / 2) : nullptr;
+    for (int h = 0; h < c.n_heads && rotate; h++) rope(q + h * dk, cos, sin, c.n_rot, c.rope_neox);
     if (c.qtemp_length > 0.0f) {
         double steps = std::floor(((double)pos + c.qtemp_offset) / c.qtemp_length);
         float factor = (float)(std::log(steps + 1.0) * c.qtemp_scale + 1.0);
         for (int i = 0; i < c.n_heads * dk; i++) q[i] *= factor;
     }
-    for (int h = 0; h < c.n_kv_heads; h++) rope(k + h * dk, cos, sin, c.n_rot, c.rope_neox);
+    if (!own_kv) return;
+    for (int h = 0; h < c.n_kv_heads && rotate; h++) rope(k + h * dk, cos, sin, c.n_rot, c.rope_neox);
     int64_t slot = b.write_slots[r];
     for (int h = 0; h < c.n_kv_heads; h++) {
         store_kv(kv.k[layer_index], kv.k_type, ((int64_t)h * kv.pool_tokens + slot) * dk, dk, k + h * dk);
@@ -487,7 +476,7 @@ void attend_rows(const LpConfig& c, const float* q, const float* keys, const flo
 
 void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const LpKV& kv, const float* qkv, int n_qkv,
                float* attn) {
-    const LpConfig& c = m.cfg;
+    const LpConfig& c = config_of(m, layer);
     int T = b.n_rows, H = c.n_kv_heads, dk = c.head_dim_k, dv = c.head_dim_v, group = c.n_heads / H;
     int64_t n_attn = (int64_t)c.n_heads * dv;
     // Chunks of several rows (consecutive rows with one key list) get shared converted keys.
@@ -601,6 +590,26 @@ void route(const LpExperts& ex, const float* x, int E, int* chosen, float* weigh
         for (int j = 0; j < k; j++) weights[j] /= total;
 }
 
+// out [T, E] += the shared expert's output on every row, times sigmoid(shared_gate . x).
+void shared_expert(Model& m, const LpExperts& ex, int T, const float* x, float* out) {
+    int E = m.cfg.n_embd, F = ex.shared_n_ff;
+    float* gu = grow(m.moe_gate_up, (size_t)T * 2 * F);
+    linear(*ex.shared_gate_up, x, T, gu, m.acts);
+    float* act = grow(m.moe_act, (size_t)T * F);
+    for_rows(T, [&](int r, int) {
+        const float* g = gu + (int64_t)r * 2 * F;
+        for (int f = 0; f < F; f++) act[(int64_t)r * F + f] = gated(ex.activation, g[f], g[F + f]);
+    });
+    float* y = grow(m.moe_y, (size_t)T * E);
+    linear(*ex.shared_down, act, T, y, m.acts);
+    for_rows(T, [&](int r, int) {
+        const float* xr = x + (int64_t)r * E;
+        float scale = ex.shared_gate ? lp::sigmoid(dot(xr, ex.shared_gate, E)) : 1.0f;
+        float* o = out + (int64_t)r * E;
+        for (int i = 0; i < E; i++) o[i] += y[(int64_t)r * E + i] * scale;
+    });
+}
+
 // out [T, E] = each row's selected experts' outputs, weighted, summed in ascending expert order.
 // Each expert runs once on the rows that chose it; its matmuls are row-invariant, so a row's
 // result never depends on which other rows chose the same experts.
@@ -642,6 +651,7 @@ void moe_forward(Model& m, const LpExperts& ex, const LpBatch& b, const float* x
             for (int i = 0; i < E; i++) o[i] += y[i] * w;
         }
     });
+    if (ex.shared_n_ff) shared_expert(m, ex, T, x, out);
 }
 
 // h += o (times the residual scale), through the layer's post-norm first if it has one.
@@ -666,16 +676,55 @@ void branch_input(const float* hr, const float* norm, const LpConfig& c, float* 
         std::memcpy(x, hr, c.n_embd * sizeof(float));
 }
 
+// The attention branch: out [T, E] from the normed (and quantized) rows x.
+void attention_branch(Model& m, const LpLayer& layer, const LpBatch& b, const LpKV& kv, const float* x, float* out,
+                      PhaseTimer& timer) {
+    const LpConfig& c = config_of(m, layer);
+    int T = b.n_rows, n_qkv = layer.qkv.n_out, n_attn = c.n_heads * c.head_dim_v, n_q = c.n_heads * c.head_dim_k;
+    float* qkv = grow(m.qkv, (size_t)T * n_qkv);
+    float* attn = grow(m.attn, (size_t)T * n_attn);
+    float* gate = layer.output_gate ? grow(m.gate, (size_t)T * n_q) : nullptr;
+    linear(layer.qkv, x, T, qkv, m.acts, true, b.lora_scales);
+    timer.lap(P_QKV);
+    for_rows(T, [&](int r, int) {
+        float* row = qkv + (int64_t)r * n_qkv;
+        if (gate) split_output_gate(c, row, n_qkv, gate + (int64_t)r * n_q);
+        prepare_row(m, layer, layer.kv_layer, b, kv, r, row);
+    });
+    timer.lap(P_ROPE_KV);
+    attention(m, layer, layer.kv_layer, b, kv, qkv, n_qkv, attn);
+    if (gate)
+        for_rows(T, [&](int r, int) {
+            float* a = attn + (int64_t)r * n_attn;
+            const float* g = gate + (int64_t)r * n_q;
+            for (int i = 0; i < n_attn; i++) a[i] *= lp::sigmoid(g[i]);
+        });
+    timer.lap(P_ATTENTION);
+    linear(layer.wo, attn, T, out, m.acts, false, b.lora_scales);
+    timer.lap(P_WO);
+}
+
+// A recurrent branch (src/recurrent.h): in_proj, the per-sequence scan, out.
+void recurrent_branch(Model& m, const LpRecurrent& mixer, const LpBatch& b, const float* x, float* out,
+                      PhaseTimer& timer) {
+    int T = b.n_rows;
+    float* proj = grow(m.qkv, (size_t)T * mixer.in_proj.n_out);
+    float* inner = grow(m.attn, (size_t)T * mixer.inner);
+    linear(mixer.in_proj, x, T, proj, m.acts, true, b.lora_scales);
+    timer.lap(P_QKV);
+    lp::recurrent_scan(mixer, b, m.cfg.rms_eps, proj, m.recurrent, inner);
+    timer.lap(P_ATTENTION);
+    linear(mixer.out, inner, T, out, m.acts, false, b.lora_scales);
+    timer.lap(P_WO);
+}
+
 // One decoder layer. `pending`: the previous layer, whose MLP output (in m.out) is added to the
 // residual stream in this layer's first phase (one parallel phase fewer per layer).
 void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpLayer* pending) {
-    const LpConfig& c = m.cfg;
+    const LpConfig& c = m.layer_cfg[li];
     const LpLayer& layer = m.layers[li];
     int T = b.n_rows, E = c.n_embd, F = c.n_ff;
-    int n_qkv = layer.qkv.n_out, n_attn = c.n_heads * c.head_dim_v;
     float *h = m.h.data(), *x = m.x.data();
-    float* qkv = grow(m.qkv, (size_t)T * n_qkv);
-    float* attn = grow(m.attn, (size_t)T * n_attn);
     float* out = grow(m.out, (size_t)T * E);
     float* gu = grow(m.gate_up, (size_t)T * 2 * F);
     float* act = grow(m.act, (size_t)T * F);
@@ -689,14 +738,10 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpL
         quantize_row(x, E, r, acts);
     });
     timer.lap(P_NORM);
-    linear(layer.qkv, x, T, qkv, m.acts, true, b.lora_scales);
-    timer.lap(P_QKV);
-    for_rows(T, [&](int r, int) { prepare_row(m, layer, li, b, kv, r, qkv + (int64_t)r * n_qkv); });
-    timer.lap(P_ROPE_KV);
-    attention(m, layer, li, b, kv, qkv, n_qkv, attn);
-    timer.lap(P_ATTENTION);
-    linear(layer.wo, attn, T, out, m.acts, false, b.lora_scales);
-    timer.lap(P_WO);
+    if (layer.recurrent)
+        recurrent_branch(m, *layer.recurrent, b, x, out, timer);
+    else
+        attention_branch(m, layer, b, kv, x, out, timer);
     acts = acts_for(m.acts, T, E);
     for_rows(T, [&](int r, int) {
         float* hr = h + (int64_t)r * E;
@@ -727,6 +772,61 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpL
     timer.lap(P_DOWN);
 }
 
+// Gemma 4's per-layer inputs [T, n_layers * P], from the scaled embeddings (in m.h) and the
+// batch's per-layer token rows.
+void per_layer_inputs(Model& m, const LpBatch& b) {
+    const LpConfig& c = m.cfg;
+    const LpPerLayerEmbedding& pe = *c.per_layer_embedding;
+    int T = b.n_rows, E = c.n_embd, P = pe.size, L = c.n_layers;
+    float* ple = grow(m.ple, (size_t)T * L * P);
+    linear(pe.model_proj, m.h.data(), T, ple, m.acts);
+    const float proj_scale = 1.0f / std::sqrt((float)E), row_scale = std::sqrt((float)P), half = 1.0f / std::sqrt(2.0f);
+    for_rows(T, [&](int r, int) {
+        float projected[LP_MAX_EMBD];
+        for (int il = 0; il < L; il++) {
+            float* p = ple + ((int64_t)r * L + il) * P;
+            const float* rows = b.per_layer_rows + ((int64_t)r * L + il) * P;
+            for (int i = 0; i < P; i++) p[i] *= proj_scale;
+            rms_norm(p, pe.proj_norm, c.rms_eps, P, projected);
+            for (int i = 0; i < P; i++) p[i] = (projected[i] + rows[i] * row_scale) * half;
+        }
+    });
+}
+
+// Layers with a per-layer input or an output scale add their FFN output themselves (the others
+// leave it to the next layer's first phase).
+bool finishes_itself(const LpLayer& layer) { return layer.per_layer_input || layer.output_scale != 0.0f; }
+
+// The FFN's residual add, then x += rms(proj (act(inp_gate x) * ple_il), post_norm), then
+// x *= output_scale.
+void finish_layer(Model& m, int li, const LpBatch& b) {
+    const LpConfig& c = m.layer_cfg[li];
+    const LpLayer& layer = m.layers[li];
+    int T = b.n_rows, E = c.n_embd, L = c.n_layers;
+    float *h = m.h.data(), *out = m.out.data();
+    for_rows(T, [&](int r, int) { add_residual(h + (int64_t)r * E, out + (int64_t)r * E, layer.post_ffn_norm, c); });
+    if (layer.per_layer_input) {
+        const LpPerLayerInput& pli = *layer.per_layer_input;
+        int P = pli.inp_gate.n_out;
+        float* gate = grow(m.ple_gate, (size_t)T * P);
+        linear(pli.inp_gate, h, T, gate, m.acts, false, b.lora_scales);
+        for_rows(T, [&](int r, int) {
+            const float* ple = m.ple.data() + ((int64_t)r * L + li) * P;
+            for (int i = 0; i < P; i++) gate[(int64_t)r * P + i] = gated(c.activation, gate[(int64_t)r * P + i], ple[i]);
+        });
+        linear(pli.proj, gate, T, out, m.acts, false, b.lora_scales);
+        for_rows(T, [&](int r, int) {
+            float normed[LP_MAX_EMBD];
+            rms_norm(out + (int64_t)r * E, pli.post_norm, c.rms_eps, E, normed);
+            for (int i = 0; i < E; i++) h[(int64_t)r * E + i] += normed[i];
+        });
+    }
+    if (layer.output_scale != 0.0f)
+        for_rows(T, [&](int r, int) {
+            for (int i = 0; i < E; i++) h[(int64_t)r * E + i] *= layer.output_scale;
+        });
+}
+
 // The step itself, once its batch is checked.
 void forward(Model& m, const LpBatch& b, const LpKV& kv, float* logits) {
     const LpConfig& c = m.cfg;
@@ -737,15 +837,21 @@ void forward(Model& m, const LpBatch& b, const LpKV& kv, float* logits) {
         float scale = b.given_rows && b.given_rows[r] ? 1.0f : c.embd_scale;  // image rows are used as they are
         for (int i = 0; i < E; i++) h[(int64_t)r * E + i] = b.embeddings[(int64_t)r * E + i] * scale;
     });
-    for (int li = 0; li < c.n_layers; li++) layer_forward(m, li, b, kv, li > 0 ? &m.layers[li - 1] : nullptr);
+    if (c.per_layer_embedding) per_layer_inputs(m, b);
+    for (int li = 0; li < c.n_layers; li++) {
+        const LpLayer* previous = li > 0 ? &m.layers[li - 1] : nullptr;
+        layer_forward(m, li, b, kv, previous && !finishes_itself(*previous) ? previous : nullptr);
+        if (finishes_itself(m.layers[li])) finish_layer(m, li, b);
+    }
     PhaseTimer timer;
     // Only the logit rows need the last layer's output and the final norm.
     const LpLayer& last = m.layers[c.n_layers - 1];
+    const bool last_pending = !finishes_itself(last);
     float* normed = grow(m.logits_in, (size_t)b.n_logits * E);
     uint8_t* acts = acts_for(m.acts, b.n_logits, E);
     for_rows(b.n_logits, [&](int i, int) {
         float* hr = h + b.logit_rows[i] * E;
-        add_residual(hr, m.out.data() + b.logit_rows[i] * E, last.post_ffn_norm, c);
+        if (last_pending) add_residual(hr, m.out.data() + b.logit_rows[i] * E, last.post_ffn_norm, c);
         rms_norm(hr, c.output_norm, c.rms_eps, E, normed + (int64_t)i * E);
         quantize_row(normed, E, i, acts);
     });
@@ -759,6 +865,7 @@ void forward(Model& m, const LpBatch& b, const LpKV& kv, float* logits) {
                 for (int j = 0; j < c.vocab; j++) row[j] = std::tanh(row[j] / c.final_softcap) * c.final_softcap;
         });
     timer.lap(P_HEAD);
+    lp::commit_states(m.recurrent);  // the step succeeded: its sequences' new recurrent states
 }
 
 // -- checks at the C boundary -----------------------------------------------------------------
@@ -810,20 +917,67 @@ int32_t check_experts(const LpExperts& ex, const LpConfig& c, int li, int32_t& n
         std::snprintf(name, sizeof name, "layer %d expert %d down", li, e);
         if (int32_t rc = check_linear(ex.down[e], name, ex.n_ff, c.n_embd, n_adapters)) return rc;
     }
-    return LP_OK;
+    if (!ex.shared_n_ff) return LP_OK;
+    if (ex.shared_n_ff < 0 || !ex.shared_gate_up || !ex.shared_down)
+        return lp::fail(LP_ERR_MODEL, "layer %d: a shared expert of width %d without its weights", li, ex.shared_n_ff);
+    std::snprintf(name, sizeof name, "layer %d shared expert gate_up", li);
+    if (int32_t rc = check_linear(*ex.shared_gate_up, name, c.n_embd, 2 * (int64_t)ex.shared_n_ff, n_adapters)) return rc;
+    std::snprintf(name, sizeof name, "layer %d shared expert down", li);
+    return check_linear(*ex.shared_down, name, ex.shared_n_ff, c.n_embd, n_adapters);
+}
+
+// The token mixer: attention (Q/K/V, output) or a recurrent mixer (in_proj, out).
+int32_t check_mixer(const LpLayer& layer, const LpConfig& c, int li, int32_t& n_adapters) {
+    int64_t dk = c.head_dim_k, dv = c.head_dim_v, E = c.n_embd;
+    char name[64];
+    if (layer.recurrent) {
+        const LpRecurrent& mixer = *layer.recurrent;
+        std::snprintf(name, sizeof name, "layer %d in_proj", li);
+        if (int32_t rc = check_linear(mixer.in_proj, name, E, mixer.in_proj.n_out, n_adapters)) return rc;
+        std::snprintf(name, sizeof name, "layer %d out", li);
+        if (int32_t rc = check_linear(mixer.out, name, mixer.inner, E, n_adapters))
+            return rc;
+        return lp::check_recurrent(mixer, c.n_embd, li);
+    }
+    bool rope_ok = layer.rope == -1 || (layer.rope >= 0 && layer.rope <= 1 && c.rope_cos[layer.rope] && c.rope_sin[layer.rope]);
+    if (!rope_ok || layer.window < 0 ||
+        layer.kv_layer < 0 || (layer.output_gate && dk != dv))
+        return lp::fail(LP_ERR_MODEL, "layer %d: rope table %d (0 or 1, both tables set; -1 none), window %d, KV layer %d, "
+                        "output gate %d (head sizes %lld/%lld)", li, layer.rope, layer.window, layer.kv_layer,
+                        layer.output_gate, (long long)dk, (long long)dv);
+    std::snprintf(name, sizeof name, "layer %d qkv", li);
+    int64_t n_q = c.n_heads * (layer.output_gate ? 2 : 1) * dk;
+    int64_t n_qkv = layer.kv_flags & LP_KV_SHARED ? n_q
+                    : n_q + c.n_kv_heads * dk + (layer.kv_flags & LP_V_FROM_K ? 0 : c.n_kv_heads * dv);
+    if (int32_t rc = check_linear(layer.qkv, name, E, n_qkv, n_adapters)) return rc;
+    std::snprintf(name, sizeof name, "layer %d wo", li);
+    return check_linear(layer.wo, name, c.n_heads * dv, E, n_adapters);
+}
+
+// A layer's own shape (its view of the config) and its per-layer input branch.
+int32_t check_layer_extras(const LpLayer& layer, const LpConfig& c, int li, int32_t& n_adapters) {
+    if (layer.n_kv_heads < 0 || layer.head_dim < 0 || layer.n_ff < 0 || layer.n_rot < 0 || c.n_kv_heads < 1 ||
+        c.n_heads % c.n_kv_heads != 0 || c.head_dim_k % 8 != 0 || c.head_dim_k > LP_MAX_HEAD_DIM ||
+        c.n_rot > c.head_dim_k || c.n_rot % 2 != 0 || layer.kv_flags < 0 || layer.kv_flags > 7)
+        return lp::fail(LP_ERR_MODEL, "layer %d: %d KV heads of %d (a multiple of 8 up to %d), %d rotated, KV flags %d", li,
+                        c.n_kv_heads, c.head_dim_k, LP_MAX_HEAD_DIM, c.n_rot, layer.kv_flags);
+    if (!layer.per_layer_input) return LP_OK;
+    const LpPerLayerInput& pli = *layer.per_layer_input;
+    const LpPerLayerEmbedding* pe = c.per_layer_embedding;
+    char name[64];
+    if (!pe || !pli.post_norm || pli.inp_gate.n_out != pe->size)
+        return lp::fail(LP_ERR_MODEL, "layer %d: a per-layer input branch without the model's per-layer embedding", li);
+    std::snprintf(name, sizeof name, "layer %d inp_gate", li);
+    if (int32_t rc = check_linear(pli.inp_gate, name, c.n_embd, pe->size, n_adapters)) return rc;
+    std::snprintf(name, sizeof name, "layer %d proj", li);
+    return check_linear(pli.proj, name, pe->size, c.n_embd, n_adapters);
 }
 
 int32_t check_layer(const LpLayer& layer, const LpConfig& c, int li, int32_t& n_adapters) {
-    int64_t dk = c.head_dim_k, dv = c.head_dim_v, E = c.n_embd;
-    if (layer.rope < 0 || layer.rope > 1 || !c.rope_cos[layer.rope] || !c.rope_sin[layer.rope] || layer.window < 0)
-        return lp::fail(LP_ERR_MODEL, "layer %d: rope table %d (0 or 1, both tables set), window %d", li, layer.rope,
-                        layer.window);
+    int64_t E = c.n_embd;
     char name[64];
-    std::snprintf(name, sizeof name, "layer %d qkv", li);
-    int64_t n_qkv = (c.n_heads + c.n_kv_heads) * dk + c.n_kv_heads * dv;
-    if (int32_t rc = check_linear(layer.qkv, name, E, n_qkv, n_adapters)) return rc;
-    std::snprintf(name, sizeof name, "layer %d wo", li);
-    if (int32_t rc = check_linear(layer.wo, name, c.n_heads * dv, E, n_adapters)) return rc;
+    if (int32_t rc = check_layer_extras(layer, c, li, n_adapters)) return rc;
+    if (int32_t rc = check_mixer(layer, c, li, n_adapters)) return rc;
     if (layer.moe) return check_experts(*layer.moe, c, li, n_adapters);
     std::snprintf(name, sizeof name, "layer %d gate_up", li);
     if (int32_t rc = check_linear(layer.gate_up, name, E, 2 * (int64_t)c.n_ff, n_adapters)) return rc;
@@ -831,7 +985,28 @@ int32_t check_layer(const LpLayer& layer, const LpConfig& c, int li, int32_t& n_
     return check_linear(layer.down, name, c.n_ff, E, n_adapters);
 }
 
-// The whole description; sets m.n_adapters.
+// The KV pool's layer count and the recurrent layers by state index (each index once, 0..n-1).
+int32_t index_state_layers(Model& m) {
+    m.n_kv_layers = 0;
+    m.mixers.clear();
+    for (const LpLayer& layer : m.layers) {
+        if (!layer.recurrent) {
+            m.n_kv_layers = std::max(m.n_kv_layers, layer.kv_layer + 1);
+            continue;
+        }
+        int32_t index = layer.recurrent->state;
+        if (index < 0 || index >= m.cfg.n_layers)
+            return lp::fail(LP_ERR_MODEL, "recurrent state index %d is out of range", index);
+        if ((int)m.mixers.size() <= index) m.mixers.resize(index + 1, nullptr);
+        if (m.mixers[index]) return lp::fail(LP_ERR_MODEL, "two recurrent layers on state index %d", index);
+        m.mixers[index] = layer.recurrent;
+    }
+    for (size_t i = 0; i < m.mixers.size(); i++)
+        if (!m.mixers[i]) return lp::fail(LP_ERR_MODEL, "no recurrent layer on state index %zu", i);
+    return LP_OK;
+}
+
+// The whole description; sets m.n_adapters, m.n_kv_layers and m.mixers.
 int32_t check_model(Model& m) {
     const LpConfig& c = m.cfg;
     if (c.n_layers < 1 || c.n_embd < 1 || c.n_heads < 1 || c.n_kv_heads < 1 || c.n_heads % c.n_kv_heads != 0 ||
@@ -842,15 +1017,22 @@ int32_t check_model(Model& m) {
                         c.head_dim_v, c.n_rot, c.vocab);
     m.n_adapters = 0;
     for (int li = 0; li < c.n_layers; li++)
-        if (int32_t rc = check_layer(m.layers[li], c, li, m.n_adapters)) return rc;
+        if (int32_t rc = check_layer(m.layers[li], m.layer_cfg[li], li, m.n_adapters)) return rc;
+    if (const LpPerLayerEmbedding* pe = c.per_layer_embedding) {
+        if (pe->size < 1 || pe->size > LP_MAX_EMBD || !pe->proj_norm)
+            return lp::fail(LP_ERR_MODEL, "per-layer embedding of size %d", pe->size);
+        if (int32_t rc = check_linear(pe->model_proj, "per-layer model_proj", c.n_embd, (int64_t)c.n_layers * pe->size, m.n_adapters))
+            return rc;
+    }
+    if (int32_t rc = index_state_layers(m)) return rc;
     return check_linear(c.head, "head", c.n_embd, c.vocab, m.n_adapters);
 }
 
-int32_t check_pool(const LpKV& kv, const LpConfig& c) {
+int32_t check_pool(const LpKV& kv, int32_t n_kv_layers) {
     auto known = [](int32_t type) { return type == LP_KV_F32 || type == LP_KV_F16 || type == LP_KV_BF16; };
-    if (kv.n_layers != c.n_layers || !kv.k || !kv.v || kv.pool_tokens < 0 || !known(kv.k_type) || !known(kv.v_type))
+    if (kv.n_layers != n_kv_layers || !kv.k || !kv.v || kv.pool_tokens < 0 || !known(kv.k_type) || !known(kv.v_type))
         return lp::fail(LP_ERR_ARGUMENT, "the KV pool (%d layers, %lld tokens, types %d/%d) is not one for this model "
-                        "(%d layers)", kv.n_layers, (long long)kv.pool_tokens, kv.k_type, kv.v_type, c.n_layers);
+                        "(%d KV layers)", kv.n_layers, (long long)kv.pool_tokens, kv.k_type, kv.v_type, n_kv_layers);
     return LP_OK;
 }
 
@@ -860,6 +1042,7 @@ int32_t check_counts(const Model& m, const LpBatch& b) {
                         b.n_rows, b.n_logits, (long long)b.n_key_slots, b.n_lora_scales);
     bool rows = b.n_rows > 0;
     if ((rows && (!b.embeddings || !b.positions || !b.write_slots || !b.key_offsets)) ||
+        (rows && m.cfg.per_layer_embedding && !b.per_layer_rows) ||
         (b.n_key_slots > 0 && !b.key_slots) || (b.n_logits > 0 && !b.logit_rows) ||
         (b.n_lora_scales > 0 && !b.lora_scales))
         return lp::fail(LP_ERR_ARGUMENT, "a null array in a batch of %d rows", b.n_rows);
@@ -874,7 +1057,7 @@ int32_t check_counts(const Model& m, const LpBatch& b) {
 // key slots (the pool), key offsets (key_slots), logit rows (the rows).
 int32_t check_batch(const Model& m, const LpBatch& b, const LpKV& kv) {
     const LpConfig& c = m.cfg;
-    if (int32_t rc = check_pool(kv, c)) return rc;
+    if (int32_t rc = check_pool(kv, m.n_kv_layers)) return rc;
     if (int32_t rc = check_counts(m, b)) return rc;
     const int T = b.n_rows;
     int64_t run_max = -1;  // the largest position among the rows sharing one key list so far
@@ -925,6 +1108,7 @@ void* lp_model_new(const LpConfig* config, const LpLayer* layers) {
         m = new Model();
         m->cfg = *config;
         m->layers.assign(layers, layers + config->n_layers);
+        for (const LpLayer& layer : m->layers) m->layer_cfg.push_back(layer_config(m->cfg, layer));
         return check_model(*m);
     });
     if (rc == LP_OK) return m;
@@ -935,6 +1119,10 @@ void* lp_model_new(const LpConfig* config, const LpLayer* layers) {
 void lp_model_free(void* model) { delete (Model*)model; }
 
 int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* logits) {
+    return lp_forward_states(model, batch, kv, nullptr, logits);
+}
+
+int32_t lp_forward_states(void* model, const LpBatch* batch, const LpKV* kv, const LpStates* states, float* logits) {
     if (!model || !batch || !kv || (!logits && batch->n_logits > 0))
         return lp::fail(LP_ERR_ARGUMENT, "lp_forward: a null model, batch, KV pool or logits");
     Model& m = *(Model*)model;
@@ -944,6 +1132,7 @@ int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* log
                         c.n_embd, LP_MAX_EMBD, c.head_dim_k, LP_MAX_HEAD_DIM);
     if (int32_t rc = check_batch(m, *batch, *kv)) return rc;
     int32_t rc = lp::guarded([&] {
+        if (int32_t rc = lp::begin_step(states, *batch, m.mixers, m.recurrent)) return rc;
         forward(m, *batch, *kv, logits);
         return (int32_t)LP_OK;
     });
@@ -956,6 +1145,10 @@ int64_t lp_model_scratch_bytes(void* model) {
     size_t floats = m.h.capacity() + m.x.capacity() + m.qkv.capacity() + m.attn.capacity() + m.out.capacity() +
                     m.gate_up.capacity() + m.act.capacity() + m.logits_in.capacity() + m.shared_kv.capacity();
     for (const auto& v : m.thread_scratch) floats += v.capacity();
+    const lp::RecurrentStep& r = m.recurrent;
+    floats += m.gate.capacity() + r.conv.capacity() + r.beta.capacity() + r.decay.capacity();
+    for (const auto& v : r.history) floats += v.capacity();
+    for (const auto& v : r.matrix) floats += v.capacity();
     return (int64_t)(floats * sizeof(float) + m.acts.capacity());
 }
 

@@ -1,4 +1,5 @@
-// The native forward pass: a whole decoder-only transformer step in one call.
+// The native forward pass: a whole decoder-only transformer step in one call (hybrids too: a
+// layer's token mixer is attention or a recurrent mixer of src/recurrent.h).
 //
 // Every row (token) of a step is computed independently of the others and in the same order,
 // whatever the batch: decode tokens and prompt tokens go through the same code, so a request's
@@ -14,7 +15,7 @@ extern "C" {
 
 // Limits of the forward (its fixed-size arrays), mirrored by lamplight/native/abi.py.
 enum {
-    LP_MAX_PARTS = 3,           // weights in one fused linear
+    LP_MAX_PARTS = 4,           // weights in one fused linear (Gated DeltaNet's in_proj has four)
     LP_MAX_EXPERTS = 1024,      // experts of a mixture-of-experts layer
     LP_MAX_EXPERTS_USED = 64,   // experts one row uses
     LP_MAX_LORA_RANK = 256,
@@ -42,7 +43,7 @@ typedef struct LpLora {
     const float* b;  // [n_out, rank]
 } LpLora;
 
-// Up to three weights reading the same input, their outputs side by side (fused Q/K/V, gate/up).
+// Up to LP_MAX_PARTS weights reading the same input, their outputs side by side (fused Q/K/V, gate/up).
 typedef struct LpLinear {
     int32_t n_parts;
     int32_t n_out;  // sum of the parts' n
@@ -63,10 +64,36 @@ typedef struct LpExperts {
     const float* router_bias;        // [n_expert] or null
     const LpLinear* gate_up;         // [n_expert], outputs gate (n_ff) | up (n_ff)
     const LpLinear* down;            // [n_expert]
+    int32_t shared_n_ff;             // a shared expert every row runs (qwen35moe): its width, 0 = none
+    int32_t reserved;
+    const LpLinear* shared_gate_up;  // outputs gate | up (shared_n_ff each), same activation
+    const LpLinear* shared_down;
+    const float* shared_gate;        // [n_embd]: its output times sigmoid(shared_gate . x), or null
 } LpExperts;
 
+// A recurrent token mixer (src/recurrent.h) in place of attention.
+typedef struct LpRecurrent LpRecurrent;
+typedef struct LpStates LpStates;
+
+// Gemma 4's per-layer inputs: before layer 0, per row, ple = (rms(model_proj x / sqrt(E)) per
+// layer over `size`, proj_norm) + rows * sqrt(size)) / sqrt(2), x the scaled embedding and rows
+// the batch's per_layer_rows; layer il's branch, after its FFN:
+// x += rms(proj (act(inp_gate x) * ple_il), post_norm).
+typedef struct LpPerLayerEmbedding {
+    int32_t size;          // P
+    int32_t reserved;
+    LpLinear model_proj;   // n_embd -> n_layers * P
+    const float* proj_norm;  // [P]
+} LpPerLayerEmbedding;
+
+typedef struct LpPerLayerInput {
+    LpLinear inp_gate;     // n_embd -> P
+    LpLinear proj;         // P -> n_embd
+    const float* post_norm;  // [n_embd]
+} LpPerLayerInput;
+
 typedef struct LpLayer {
-    LpLinear qkv;      // outputs: Q (n_heads * head_dim_k) | K (n_kv_heads * head_dim_k) | V
+    LpLinear qkv;      // outputs: Q (n_heads * head_dim_k; with output_gate [q_h | gate_h] per head) | K | V
     LpLinear wo;
     LpLinear gate_up;  // outputs: gate (n_ff) | up (n_ff)
     LpLinear down;
@@ -76,13 +103,26 @@ typedef struct LpLayer {
     const float* k_norm;
     const float* post_attn_norm;  // or null
     const float* post_ffn_norm;   // or null
-    int32_t rope;                 // which rope table (0 or 1)
+    int32_t rope;                 // which rope table (0 or 1), -1: no rotation (NoPE layers)
     int32_t window;               // sliding window in tokens, 0 = none
     int32_t qk_norm_whole;        // 1: q_norm/k_norm normalise the whole projection (olmo2)
     int32_t reserved;
     const float* sinks;           // [n_heads] attention-sink logits (gpt-oss), or null
     const LpExperts* moe;         // a mixture of experts instead of gate_up/down, or null
+    int32_t kv_layer;             // the KV pool layer its K/V live in (attention layers)
+    int32_t output_gate;          // 1: attention output times sigmoid(gate) per head and dim (qwen35)
+    const LpRecurrent* recurrent; // the token mixer instead of attention (qkv, wo unused), or null
+    // This layer's shape where it is not the config's (gemma4; 0 = the config's): KV heads, the
+    // key = value head size, the FFN width, the rotated dims of its rope table.
+    int32_t n_kv_heads, head_dim, n_ff, n_rot;
+    int32_t kv_flags;             // LP_KV_SHARED | LP_V_FROM_K | LP_V_NORM
+    float output_scale;           // the whole residual stream times this after the layer (gemma4), 0 = none
+    const LpPerLayerInput* per_layer_input;  // gemma4's per-layer input branch, or null
 } LpLayer;
+
+// kv_flags: SHARED: attends over kv_layer's K/V, written by an earlier layer (its qkv is Q only);
+// V_FROM_K: V is the raw K projection (qkv is Q | K); V_NORM: V RMS-normalised without weight.
+enum { LP_KV_SHARED = 1, LP_V_FROM_K = 2, LP_V_NORM = 4 };
 
 enum { LP_ACT_SILU = 0, LP_ACT_GELU_TANH = 1, LP_ACT_SWIGLU_OAI = 2 };
 // softmax: top-k of the softmax over all experts; selected: top-k of the logits, softmax over them.
@@ -103,6 +143,7 @@ typedef struct LpConfig {
     const float* rope_sin[2];
     const float* output_norm;
     LpLinear head;
+    const LpPerLayerEmbedding* per_layer_embedding;  // gemma4, or null
 } LpConfig;
 
 // Every array the step reads comes with its length (the rows' arrays have n_rows entries), and
@@ -124,6 +165,7 @@ typedef struct LpBatch {
     const int64_t* key_ends;      // [n_rows] row r attends to key positions < key_ends[r] (null: positions[r] + 1);
                                   // a non-causal span's rows see up to its end
     const uint8_t* given_rows;    // [n_rows] 1: the row's embedding is used as given, without embd_scale
+    const float* per_layer_rows;  // [n_rows, n_layers * P] per-layer token embeddings (gemma4), or null
 } LpBatch;
 
 typedef struct LpKV {
@@ -143,6 +185,9 @@ void* lp_model_new(const LpConfig* config, const LpLayer* layers);
 void lp_model_free(void* model);
 // Logits [n_logits, vocab] for the batch's logit rows; K/V of every row written to the pool.
 int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* logits);
+// The same for a model with recurrent layers: their per-sequence states read from and written to
+// `states` (src/recurrent.h), written only once the whole step has succeeded.
+int32_t lp_forward_states(void* model, const LpBatch* batch, const LpKV* kv, const LpStates* states, float* logits);
 // Bytes of scratch the model's steps have grown so far (it grows with the largest step: the
 // rows of a step and the longest context attended to).
 int64_t lp_model_scratch_bytes(void* model);
