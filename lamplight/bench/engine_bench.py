@@ -34,18 +34,18 @@ def _token(n: int, runner) -> int:
     return n % 1000 + 100 if vocab > 1100 else n % vocab
 
 
-def _state(runner, num_tokens: int):
+def _state(runner, num_tokens: int, n_sequences: int = 1):
     """State with the server's default cache type for this backend."""
     dtype = torch.float16 if runner.default_cache_type == "f16" else torch.float32
-    return runner.new_state(num_tokens, dtype)
+    return runner.new_state(num_tokens, dtype, n_sequences=n_sequences)  # a recurrent slot per sequence
 
 
 def decode_step_ms(runner, tokenizer, batch: int, steps: int) -> float:
     span = CONTEXT + steps  # each sequence's own range of state indices
-    state = _state(runner, batch * span)
+    state = _state(runner, batch * span, batch)
     for b in range(batch):
         ids = [_token(b * 7 + i * 13, runner) for i in range(CONTEXT)]
-        runner.run([SequenceChunk(ids, 0, range(b * span, b * span + CONTEXT), need_logits=False)], state)
+        runner.run([SequenceChunk(ids, 0, range(b * span, b * span + CONTEXT), need_logits=False, state_slot=b)], state)
     params = SamplingParams(temperature=0.8, seed=1)
     samplers = [SequenceSampler(params, tokenizer=tokenizer, n_ctx=4096, choice_index=i) for i in range(batch)]
     tokens = [_token(200, runner)] * batch
@@ -53,7 +53,8 @@ def decode_step_ms(runner, tokenizer, batch: int, steps: int) -> float:
     for step in range(steps):
         start = time.perf_counter()
         pos = CONTEXT + step
-        chunks = [SequenceChunk([tokens[b]], pos, range(b * span, b * span + pos + 1)) for b in range(batch)]
+        chunks = [SequenceChunk([tokens[b]], pos, range(b * span, b * span + pos + 1), state_slot=b)
+                  for b in range(batch)]
         result = sample_batch(runner.run(chunks, state), samplers)
         for b, sampler in enumerate(samplers):
             sampler.accept(result.token_ids[b])

@@ -12,8 +12,9 @@ runs token by token with the same operations for a prompt chunk and a decode ste
 convolution adds its taps in one fixed order, and every transcendental function is evaluated on
 rows padded to a multiple of lamplight.models.layers.ALIGN floats, so each value takes the same (vector) code path
 whether its row is alone or beside others. Decode tokens of several sequences are one batch of
-the same operations; a prompt chunk is a batch of one. (A chunked parallel form for long
-prompts belongs to the native kernels.)
+the same operations; a prompt chunk is a batch of one. (The native forward, src/recurrent.cpp,
+folds tokens one by one as well; a chunked parallel form for long prompts would need its chunk
+boundaries at absolute multiples of its size to keep these bits.)
 """
 
 from __future__ import annotations
