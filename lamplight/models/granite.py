@@ -9,6 +9,8 @@ SwiGLU FFN on every layer (H-Micro); the MoE + shared-expert variant is not cove
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..gguf.file import GGUFFile
 from .config import ModelConfig
 from .lfm2 import recurrent_where_no_kv
@@ -28,16 +30,11 @@ def options(gguf: GGUFFile, config: ModelConfig) -> DecoderOptions:
 
 
 def hybrid_options(gguf: GGUFFile, config: ModelConfig) -> DecoderOptions:
-    kinds = recurrent_where_no_kv(config, "mamba2")
+    """granite's scales, over Mamba2 layers where a layer has no KV heads."""
     rope = bool(gguf.arch_value("rope.scaling.finetuned", True))
-    return DecoderOptions(
-        neox_rope=False,
-        rope_scaling=read_rope(gguf, config),
-        embd_scale=scale_key(gguf, "embedding_scale"),
-        residual_scale=scale_key(gguf, "residual_scale"),
-        attn_scale=scale_key(gguf, "attention.scale", 0.0) or None,
-        logit_scale=scale_key(gguf, "logit_scale"),
-        layer_kinds=kinds,
+    return dataclasses.replace(
+        options(gguf, config),
+        layer_kinds=recurrent_where_no_kv(config, "mamba2"),
         ssm=read_ssm(gguf),
         no_rope_layers=() if rope else (True,) * config.n_layers,
     )
