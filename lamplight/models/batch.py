@@ -27,6 +27,17 @@ import torch
 import torch.nn.functional as F
 
 
+# Query rows of one (KV head, sequence) matmul are padded to a multiple of this: MKL computes a
+# row of a 1-3 row product (or of a remainder block) in another order than the rows of a larger
+# one, which would make a query's attention depend on how many queries came with it.
+QUERY_ROW_MULTIPLE = 4
+
+
+def padded_query_rows(n_queries: int, heads_per_kv: int) -> int:
+    """The rows of one (KV head, sequence) score matmul: its queries' heads, padded."""
+    return -(-n_queries * heads_per_kv // QUERY_ROW_MULTIPLE) * QUERY_ROW_MULTIPLE
+
+
 @dataclass(frozen=True, eq=False)
 class GivenRows:
     """Embeddings given for rows [first, first + n) of a chunk (counted from the chunk's first
@@ -85,8 +96,6 @@ class AttentionGroup:
         (lamplight.models.layers._grouped_attention): [n_kv_heads * B, M, C], M the group's
         queries times heads_per_kv padded to the matmul's row multiple (padding rows 0, they are
         dropped); shared by all layers of a step."""
-        from .layers import padded_query_rows  # the matmul's layout is the attention's business
-
         key = (window, n_kv_heads, heads_per_kv)
         if key not in self._biases:
             mask = self.mask if window is None else self.window_mask(window)

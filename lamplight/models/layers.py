@@ -13,7 +13,7 @@ from ..gguf.quant import dequantize
 from ..kernels.linear import BATCH_INVARIANT_ROWS, DenseKernel
 from ..state.kv import KVPool
 from .activations import ACTIVATIONS
-from .batch import ForwardBatch
+from .batch import ForwardBatch, padded_query_rows
 from .rope_scaling import RopeScaling
 from .spec import FeedForwardSpec, LinearSpec, RopeSpec
 
@@ -229,17 +229,6 @@ class ScoreShaping:
             return torch.softmax(scores, dim=-1)
         sinks = sinks.to(scores.dtype).expand(*scores.shape[:-1], 1)
         return torch.softmax(torch.cat((scores, sinks), dim=-1), dim=-1)[..., :-1]
-
-
-# Query rows of one (KV head, sequence) matmul are padded to a multiple of this: MKL computes a
-# row of a 1-3 row product (or of a remainder block) in another order than the rows of a larger
-# one, which would make a query's attention depend on how many queries came with it.
-QUERY_ROW_MULTIPLE = 4
-
-
-def padded_query_rows(n_queries: int, heads_per_kv: int) -> int:
-    """The rows of one (KV head, sequence) score matmul: its queries' heads, padded."""
-    return -(-n_queries * heads_per_kv // QUERY_ROW_MULTIPLE) * QUERY_ROW_MULTIPLE
 
 
 def _grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float,
