@@ -92,16 +92,6 @@ def test_nothing_below_the_cli_imports_it():
     assert not {name for name in table if name.startswith(("lamplight.server", "lamplight.engine"))}
 
 
-def test_the_sampling_tables_flag_names_are_llama_servers_spellings():
-    """SamplingParams' entries name a flag for some fields; the serve table spells each so."""
-    from lamplight.sampling.params import SamplingParams
-    from lamplight.sampling.spec import sampling_fields
-
-    spellings = {flag.field: flag.names for flag in sampling_flags() if flag.record == "sampling"}
-    named = {name: spec.flag for name, spec in sampling_fields(SamplingParams) if spec.flag}
-    assert named and all(flag in spellings[name] for name, flag in named.items()), (named, spellings)
-
-
 def test_a_flag_is_implemented_accepted_or_refused_and_never_two():
     for flag in (*SERVE_FLAGS, *sampling_flags()):
         assert not (flag.note and flag.refused), flag.names

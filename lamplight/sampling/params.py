@@ -142,19 +142,19 @@ def logit_bias_json(bias: Iterable[tuple[int, float]]) -> list[dict]:
 class SamplingParams:
     """Every llama.cpp sampling field, with llama.cpp's defaults (server semantics doc 2.3).
 
-    Each field declares its own range, echo and flag (lamplight.sampling.spec), in the order
+    Each field declares its own range and echo (lamplight.sampling.spec; its serve flag is in
+    lamplight.serve_flags.SAMPLING_SPELLINGS), in the order
     llama-server's generation_settings lists them. Where llama.cpp silently clamps or replaces a
     value, validate() rejects it instead.
     """
 
-    seed: int = integer(-1, minimum=-1, maximum=RANDOM_SEED, echo=_echo_seed, flag="--seed",
-                        flag_help="default seed (-1 = random)")
-    temperature: float = number(0.8, minimum=0, flag="--temp", flag_help="default temperature")
+    seed: int = integer(-1, minimum=-1, maximum=RANDOM_SEED, echo=_echo_seed)
+    temperature: float = number(0.8, minimum=0)
     dynatemp_range: float = number(0.0, minimum=0)
     dynatemp_exponent: float = number(1.0, minimum=0)
-    top_k: int = integer(40, flag="--top-k", flag_help="default top_k")  # <= 0 disables it, as in llama.cpp
-    top_p: float = number(0.95, minimum=0, maximum=1, flag="--top-p", flag_help="default top_p")
-    min_p: float = number(0.05, minimum=0, maximum=1, flag="--min-p", flag_help="default min_p")
+    top_k: int = integer(40)  # <= 0 disables it, as in llama.cpp
+    top_p: float = number(0.95, minimum=0, maximum=1)
+    min_p: float = number(0.05, minimum=0, maximum=1)
     top_n_sigma: float = number(-1.0)  # <= 0 disables it
     xtc_probability: float = number(0.0, minimum=0, maximum=1)
     xtc_threshold: float = number(0.1, minimum=0, maximum=1)  # > 0.5 disables XTC

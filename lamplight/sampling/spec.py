@@ -1,6 +1,6 @@
 """One declaration per sampling field: its kind and range, llama-server's default where it differs
-from llama.cpp's, the `lamplight serve` flag that sets the server-wide default, and how
-generation_settings and /props echo it.
+from llama.cpp's, and how generation_settings and /props echo it (the `lamplight serve` flag that
+sets a field's server-wide default is spelled in lamplight.serve_flags.SAMPLING_SPELLINGS).
 
 SamplingParams' fields carry their FieldSpec in `dataclasses.field(metadata=...)`, made by the
 helpers below (`number`, `integer`, `boolean`, `listed`). Everything that reads, checks or shows a
@@ -50,8 +50,6 @@ class FieldSpec:
     in_props: bool = True  # also in /props' default_generation_settings
     server_default: Any = _NONE  # llama-server's default, where it differs from llama.cpp's
     aliases: tuple[str, ...] = ()  # other request field names for it
-    flag: str | None = None  # the `lamplight serve` flag that sets the server-wide default
-    flag_help: str = ""
 
     def bounds(self) -> dict[str, float]:
         """The range as keyword arguments of the kind's reader (lamplight.server.fields.Fields)."""
