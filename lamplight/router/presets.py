@@ -24,7 +24,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from lamplight.serve_flags import FALSY, TRUTHY
+from lamplight.serve_flags import FlagError, parse_bool
 
 from .flag_table import MODEL_CHOICE, ROUTER_ONLY, FlagInfo, FlagTable
 
@@ -164,12 +164,11 @@ def _looks_like_path(value: str) -> bool:
 
 
 def boolean(value: str, where: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in TRUTHY:
-        return True
-    if lowered in FALSY:
-        return False
-    raise PresetError(f"{where}: {value!r} is not a boolean (use one of {', '.join(TRUTHY)} or {', '.join(FALSY)})")
+    """A switch's value, spelled as llama.cpp reads booleans (serve_flags.parse_bool)."""
+    try:
+        return parse_bool(value, where)
+    except FlagError as exc:
+        raise PresetError(str(exc)) from None
 
 
 def flag_tokens(table: FlagTable, flag: FlagInfo, key: str, value: str, where: str) -> list[str]:
