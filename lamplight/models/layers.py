@@ -12,24 +12,10 @@ from ..gguf.file import TensorInfo
 from ..gguf.quant import dequantize
 from ..kernels.linear import BATCH_INVARIANT_ROWS, DenseKernel
 from ..state.kv import KVPool
-from .activations import ACTIVATIONS
+from .activations import ACTIVATIONS, aligned
 from .batch import ForwardBatch, padded_query_rows
 from .rope_scaling import RopeScaling
 from .spec import FeedForwardSpec, LinearSpec, RopeSpec
-
-
-# Rows of elementwise transcendental ops are padded to a multiple of this many floats: CPU
-# kernels compute whole vectors (up to 2 x 16 floats per iteration) one way and a remainder
-# another, which would make a value's bits depend on how many rows came with it.
-ALIGN = 64
-
-
-def aligned(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """fn(x) elementwise, computed on rows padded to ALIGN (see above)."""
-    pad = -x.shape[-1] % ALIGN
-    if not pad:
-        return fn(x.contiguous())
-    return fn(F.pad(x, (0, pad)))[..., : x.shape[-1]]
 
 
 class QuantLinear(nn.Module):

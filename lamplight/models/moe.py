@@ -15,7 +15,8 @@ from ..gguf.file import TensorInfo
 from ..gguf.quant import dequantize_rows
 from ..kernels.linear import BATCH_INVARIANT_ROWS, DenseKernel
 from .activations import ACTIVATIONS
-from .layers import DenseFeedForward, QuantLinear, aligned
+from .activations import aligned
+from .layers import DenseFeedForward, QuantLinear
 from .spec import ExpertsSpec
 
 

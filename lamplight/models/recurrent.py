@@ -10,7 +10,7 @@ its start (zeros when it starts at position 0) and writes it back at its end.
 Reproducibility: a position's state is computed one way whatever the chunking. The recurrence
 runs token by token with the same operations for a prompt chunk and a decode step, the
 convolution adds its taps in one fixed order, and every transcendental function is evaluated on
-rows padded to a multiple of lamplight.models.layers.ALIGN floats, so each value takes the same (vector) code path
+rows padded to a multiple of lamplight.models.activations.ALIGN floats, so each value takes the same (vector) code path
 whether its row is alone or beside others. Decode tokens of several sequences are one batch of
 the same operations; a prompt chunk is a batch of one. (The native forward, src/recurrent.cpp,
 folds tokens one by one as well; a chunked parallel form for long prompts would need its chunk
@@ -26,7 +26,8 @@ from torch import nn
 
 from ..state.recurrent import RecurrentPool
 from .batch import ForwardBatch
-from .layers import LinearGroup, aligned
+from .activations import aligned
+from .layers import LinearGroup
 from .spec import DeltaNetSpec, Mamba2Spec, ShortConvSpec
 
 SOFTPLUS_THRESHOLD = 20.0  # llama.cpp's softplus returns x above this
