@@ -3,6 +3,12 @@ for every batch size and context length, and batch invariance kept."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
@@ -39,14 +45,40 @@ def _decode(runner, paged, tables, token=42):
     return logits
 
 
+@pytest.fixture(scope="module", autouse=True)
+def inductor_cache(tmp_path_factory):
+    """A cache of inductor's own for this module: nothing another run or process left there
+    (a kernel truncated by a killed compile) can decide what these tests see, and the test that
+    truncates a kernel does it in no one else's cache."""
+    folder = tmp_path_factory.mktemp("inductor")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(folder))
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def compiled_files(tmp_path_factory, inductor_cache):
+    """arch -> (path, compiled runner, the kernel files its warm-up compiled), each made once."""
+    made: dict[str, tuple] = {}
+
+    def get(arch: str):
+        if arch not in made:
+            before = set(inductor_cache.rglob("*.so"))
+            folder = tmp_path_factory.mktemp(arch)
+            path = write_tiny_llama(folder / "m.gguf", qtype=Q.Q4_1) if arch == "llama" else write_tiny_gemma3(folder / "m.gguf")
+            decode = runner_for(path, "compiled")
+            with torch.inference_mode():
+                decode.warm_up(decode.new_state(512))
+            made[arch] = path, decode, set(inductor_cache.rglob("*.so")) - before
+        return made[arch]
+
+    return get
+
+
 @pytest.fixture(scope="module", params=["llama", "gemma3"])
-def compiled(request, tmp_path_factory):
+def compiled(request, compiled_files):
     """(the eager pytorch runner, the compiled one) of one file."""
-    folder = tmp_path_factory.mktemp(request.param)
-    path = write_tiny_llama(folder / "m.gguf", qtype=Q.Q4_1) if request.param == "llama" else write_tiny_gemma3(folder / "m.gguf")
-    decode = runner_for(path, "compiled")
-    with torch.inference_mode():
-        decode.warm_up(decode.new_state(512))
+    path, decode, _ = compiled_files(request.param)
     return runner_for(path, "pytorch"), decode
 
 
@@ -140,3 +172,34 @@ def test_decode_rows_beside_a_prompt_chunk_equal_a_decode_only_step(compiled):
     alone = decode.run(decode_chunks, state)
     assert mixed.shape[0] == len(decode_chunks) + 1
     assert torch.equal(mixed[: len(decode_chunks)], alone)
+
+
+NEXT_START = """
+import sys, torch
+sys.path.insert(0, sys.argv[2])
+from model_helpers import runner_for
+decode = runner_for(sys.argv[1], "compiled")
+with torch.inference_mode():
+    decode.warm_up(decode.new_state(512))
+    print(decode.run([SequenceChunk([42], 5, range(6))], decode.new_state(8))[0, :8].tolist())
+"""
+
+
+def test_a_truncated_kernel_in_the_cache_is_compiled_again(compiled_files, inductor_cache):
+    """A compile killed midway (Ctrl-C in the minutes of a first start) leaves a truncated kernel
+    in inductor's cache, which inductor loads as it is at the next start ("file too short"):
+    that start's warm-up removes it, compiles it again and serves."""
+    path, _, kernels = compiled_files("llama")
+    assert kernels, "the warm-up compiled no kernel"
+    victim = max(kernels, key=lambda k: k.stat().st_size)
+    # A new file in its place (this process still maps the old one).
+    truncated = victim.with_suffix(".truncated")
+    truncated.write_bytes(victim.read_bytes()[:64])
+    truncated.replace(victim)
+    script = "from lamplight.models.batch import SequenceChunk\n" + NEXT_START
+    out = subprocess.run([sys.executable, "-c", script, str(path), str(Path(__file__).parent)], capture_output=True,
+                         text=True, timeout=600, env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"truncated kernel ({victim})" in out.stderr or f"truncated kernel ({victim.resolve()})" in out.stderr
+    assert victim.stat().st_size > 64  # built again
+    assert len(json.loads(out.stdout.strip().splitlines()[-1])) == 8

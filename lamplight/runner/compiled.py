@@ -16,6 +16,9 @@ Shapes are compiled dynamic, so any batch size and context length reuse one comp
 
 from __future__ import annotations
 
+import logging
+import re
+from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -33,6 +36,34 @@ WARM_UP_SHAPES = ((1, 3 * DECODE_KEY_ALIGN), (2, 3 * DECODE_KEY_ALIGN))
 # Every row of a decode-only step is a decode row: a constant (not the batch size), so the
 # compiled graph never specializes on it.
 ALL_ROWS = 1 << 30
+
+# How a broken kernel in inductor's on-disk cache shows: inductor builds each kernel straight
+# into its cache path and, next time, loads whatever is there; a compile killed midway (Ctrl-C
+# during the minutes of a first start, a full disk) leaves a truncated file that fails every
+# later start ("file too short", "cannot read file data", ...).
+_UNLOADABLE = re.compile(r"ImportError: (/\S+\.so): ")
+
+
+def broken_cached_kernel(exc: BaseException) -> Path | None:
+    """The kernel file in inductor's cache that a compile error says cannot be loaded (None:
+    another error, or a file outside that cache, such as a system library)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    cache = Path(cache_dir()).resolve()
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        for match in _UNLOADABLE.finditer(str(exc)):
+            path = Path(match.group(1)).resolve()
+            if path.is_relative_to(cache):
+                return path
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+MAX_BROKEN_KERNELS = 64  # more than one start's graphs hold
+
+log = logging.getLogger(__name__)
 
 
 class CompiledRunner(TorchRunner):
@@ -86,7 +117,30 @@ class CompiledRunner(TorchRunner):
         """Compile now, before any sequence holds state: the warm-up steps write scratch K/V at
         the first indices. Call it in the autograd mode the steps will run in (the engine's: no
         grad, not inference mode): the graphs are guarded on it, and a mismatch would compile
-        again while serving."""
+        again while serving. Truncated kernels left in inductor's cache by an earlier compile
+        are removed and compiled again (each error names one)."""
+        removed: set[Path] = set()
+        while True:
+            try:
+                return self._warm_up_steps(state)
+            except Exception as exc:
+                broken = broken_cached_kernel(exc)
+                if broken is None or broken in removed or len(removed) >= MAX_BROKEN_KERNELS:
+                    raise
+                log.warning("inductor's cache holds a truncated kernel (%s): removed, compiling it again", broken)
+                broken.unlink(missing_ok=True)
+                removed.add(broken)
+                self._recompile()
+
+    def _recompile(self) -> None:
+        """Forget every compiled graph and loaded kernel (in memory), so the next step compiles again."""
+        import torch._inductor.utils as inductor_utils
+
+        torch._dynamo.reset()
+        inductor_utils.clear_caches()
+        self._compute = torch.compile(self.model.compute, dynamic=True)
+
+    def _warm_up_steps(self, state: ModelState) -> None:
         size = state.kv.num_tokens
         for n_seqs, context in WARM_UP_SHAPES:
             chunks = [SequenceChunk([0], context - 1, [(s * context + p) % size for p in range(context)])
