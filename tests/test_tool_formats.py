@@ -213,6 +213,35 @@ def test_qwen_xml_values_follow_the_tools_schema():
     assert json.loads(QwenXmlFormat().parse(reply).tool_calls[0].arguments)["text"] == 42
 
 
+ENUMS = ToolSpec("f", "", {"type": "object", "properties": {
+    "unit": {"enum": ["c", "f"]}, "mode": {"type": "string", "const": "fast"},
+    "n": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+    "either": {"type": ["string", "integer"]}}, "required": ["unit", "mode", "n", "either"]})
+
+
+def _enums_call(unit: str, mode: str, n: str, either: str) -> str:
+    values = {"unit": unit, "mode": mode, "n": n, "either": either}
+    return ("<tool_call>\n<function=f>\n" + "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in values.items())
+            + "</function>\n</tool_call>")
+
+
+def test_qwen_xml_values_typed_by_enum_const_and_any_of(tiny):
+    """The value types come from `enum`, `const` and `anyOf` when there is no `type` (llama.cpp's
+    value_types): string enums are written and read as bare text, as the templates write them."""
+    from lamplight.tools import ToolPlan
+
+    fmt = QwenXmlFormat().for_tools([ENUMS])
+    (call,) = fmt.parse(_enums_call("c", "fast", "3", "7")).tool_calls
+    assert json.loads(call.arguments) == {"unit": "c", "mode": "fast", "n": 3, "either": 7}
+    assert json.loads(fmt.parse(_enums_call("f", "fast", "null", "seven")).tool_calls[0].arguments)["either"] == "seven"
+    grammar = compile_plan(tiny, ToolPlan(fmt, [ENUMS], [], "required", None, False))
+    assert walk(tiny, grammar, _enums_call("c", "fast", "3", "any text")) == "done"
+    assert walk(tiny, grammar, _enums_call('"c"', "fast", "3", "7")) == "refused"  # never JSON-quoted
+    assert walk(tiny, grammar, _enums_call("k", "fast", "3", "7")) == "refused"  # the enum holds
+    assert walk(tiny, grammar, _enums_call("c", "slow", "3", "7")) == "refused"  # so does the const
+    assert walk(tiny, grammar, _enums_call("c", "fast", "three", "7")) == "refused"  # integer or null
+
+
 def test_qwen_xml_grammar_holds_calls_to_their_tools(tiny):
     fmt = QwenXmlFormat()
 

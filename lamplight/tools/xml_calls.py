@@ -30,13 +30,17 @@ elements are optional (GLM 4.6 writes them, 4.7 does not):
 A value is raw text: a string as it is (Qwen: one newline after the opening tag and one before
 the closing tag belong to the markup), other values as JSON (the templates write objects and
 arrays with `tojson`; Qwen's write numbers and booleans with Jinja's `string`, hence `True`/`False`
-too). Read back by the parameter's type in the tool's schema: `string` stays text, anything else
-is JSON when it parses (`True`/`False` as booleans), else text. Without a schema (a bare format),
-a value that parses as a JSON number, boolean, null, object or array is that, else text.
+too). The JSON types a parameter's values may have come from its schema as llama.cpp reads them
+(`value_types`: `type`, else the types of its `const` or `enum` values, else the union over
+`anyOf`/`oneOf`; none of these: any type). Read back by those types: a parameter that can only
+be a string stays text, anything else is JSON when it parses as one of its types (`True`/`False`
+as booleans), else text. Without a schema (a bare format), a value that parses as a JSON number,
+boolean, null, object or array is that, else text.
 
 The grammars hold each call to its tool: the parameters in the schema's order, the required ones
-present, each value a lazy text up to its closing tag for strings and the JSON of its schema
-otherwise.
+present; each value one of the literal strings of a string `enum` or `const` (`Paris`, never
+`"Paris"`), a lazy text up to its closing tag where it may be any other string (llama.cpp's
+grammar does the same), the JSON of its schema where it cannot be a string.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ PARAMETER_OPEN, PARAMETER_CLOSE = "<parameter=", "</parameter>"
 KEY_OPEN, KEY_CLOSE = "<arg_key>", "</arg_key>"
 VALUE_OPEN, VALUE_CLOSE = "<arg_value>", "</arg_value>"
 _NAME = re.compile(r"([^>\n]+)>")  # a function's or parameter's name, up to its `>`
+_STRING = frozenset({"string"})  # the value types of a parameter that is text
 
 
 class _Malformed(Exception):
@@ -183,27 +188,69 @@ def _strip_one_newline(value: str) -> str:
     return value[:-1] if value.endswith("\n") else value
 
 
-def _value(raw: str, kind: str | None) -> Any:
-    if kind == "string":
+def _value(raw: str, types: frozenset[str] | None) -> Any:
+    """A parameter's text read back by the JSON types its schema allows (None: any type)."""
+    if types == _STRING:
         return raw
     stripped = raw.strip()
-    if kind == "boolean" and stripped in ("True", "False"):
+    if types is not None and "boolean" in types and stripped in ("True", "False"):
         return stripped == "True"
     try:
         value = json.loads(stripped)
     except ValueError:
         return raw
-    return raw if isinstance(value, str) and kind is None else value
+    may_be_text = types is None or "string" in types
+    if may_be_text and (isinstance(value, str) or (types is not None and _json_type(value) not in types)):
+        return raw
+    return value
 
 
-def _parameter_types(tool: ToolSpec) -> dict[str, str | None]:
-    """Each parameter's JSON type when the schema names one type, else None."""
+
+def _json_type(value: Any) -> str:
+    """The JSON type of a decoded value, as a schema names it."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    for kind, python in (("number", float), ("string", str), ("array", list), ("object", dict)):
+        if isinstance(value, python):
+            return kind
+    return "null"
+
+
+def _value_types(schema: Any) -> frozenset[str] | None:
+    """The JSON types a parameter's values may have (llama.cpp's `value_types`); None: any."""
+    if not isinstance(schema, dict):
+        return None
+    kind, alternatives = schema.get("type"), schema.get("anyOf", schema.get("oneOf"))
+    if isinstance(kind, str) or (isinstance(kind, list) and kind and all(isinstance(k, str) for k in kind)):
+        kinds = {kind} if isinstance(kind, str) else set(kind)
+    elif "const" in schema:
+        kinds = {_json_type(schema["const"])}
+    elif isinstance(schema.get("enum"), list) and schema["enum"]:
+        kinds = {_json_type(value) for value in schema["enum"]}
+    elif isinstance(alternatives, list) and alternatives:
+        children = [_value_types(child) for child in alternatives]
+        if None in children:
+            return None
+        kinds = set().union(*children)
+    else:
+        return None
+    return frozenset(kinds | ({"integer"} if "number" in kinds else set()))
+
+
+def _string_choices(schema: dict) -> list[str]:
+    """The literal strings a string parameter's `const` or `enum` allows ([]: any text)."""
+    if isinstance(schema.get("const"), str):
+        return [schema["const"]]
+    values = schema.get("enum")
+    return [value for value in values if isinstance(value, str)] if isinstance(values, list) else []
+
+
+def _parameter_types(tool: ToolSpec) -> dict[str, frozenset[str] | None]:
+    """Each parameter's value types (_value_types)."""
     properties = tool.parameters.get("properties") if isinstance(tool.parameters, dict) else None
-    types = {}
-    for key, schema in (properties or {}).items():
-        kind = schema.get("type") if isinstance(schema, dict) else None
-        types[key] = kind if isinstance(kind, str) else None
-    return types
+    return {key: _value_types(schema) for key, schema in (properties or {}).items()}
 
 
 def _call_rules(rule: str, tool: ToolSpec, head: str, parameter_rules, tail: str) -> list[str]:
@@ -222,10 +269,16 @@ def _call_rules(rule: str, tool: ToolSpec, head: str, parameter_rules, tail: str
 
 
 def _value_rule(rule: str, schema: dict, close: str) -> tuple[str, list[str]]:
-    """A parameter's value then `close`: lazy text up to it for strings, else the schema's JSON."""
-    if schema.get("type") == "string":
+    """A parameter's value then `close`: one of a string enum's literal strings, lazy text up to
+    `close` for any other value that may be a string (as llama.cpp's grammar, which reads such a
+    value back by its types), else the schema's JSON."""
+    types = _value_types(schema)
+    choices = _string_choices(schema) if types == _STRING else []
+    if choices:
+        return f"({' | '.join(lark_literal(c) for c in choices)}) {lark_literal(close)}", []
+    if types is None or "string" in types:
         return f"{rule}_text", [f"{rule}_text[lazy]: TEXT {lark_literal(close)}"]
-    value = '("true" | "false" | "True" | "False")' if schema.get("type") == "boolean" else lark_json(schema)
+    value = '("true" | "false" | "True" | "False")' if types == {"boolean"} else lark_json(schema)
     return f"{value} {lark_literal(close)}", []
 
 
