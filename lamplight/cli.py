@@ -124,14 +124,14 @@ def _serve_one_model(args: argparse.Namespace) -> int:
 
         path = resolve_model(args.model, progress=_info)
         loaded, engine = (None, None) if embed_only else load_generator()
-        embedder = load_embedder(path, options, n_ctx=engine.n_ctx_slot if engine is not None else None)
+        embedder = load_embedder(path, options, n_ctx=engine.n_ctx_slot if engine is not None else None, engine=engine)
         if embed_only:
             alias = args.model if os.fspath(args.model) != os.fspath(path) else path.name
             loaded = EmbeddingOnlyModel(path, alias, embedder.tokenizer)
             _info(f"{path.name} ({embedder.architecture}) computes embeddings only: /v1/embeddings, /embedding"
                   f"{', /rerank' if options.reranking else ''}")
         _info(f"embeddings: pooling {embedder.pooling.value}, {embedder.n_embd} dimensions, up to {embedder.n_ctx} "
-              f"tokens per input{'; /rerank on' if options.reranking else ''}")
+              f"tokens per input{'; /rerank on' if options.reranking else ''}; kernels: {embedder.kernels}")
         return loaded, engine, embedder, options.reranking
 
     _info(f"listening on {_address(settings)}")

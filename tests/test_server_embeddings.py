@@ -111,12 +111,13 @@ def test_a_generating_model_with_embedding_still_generates(tmp_path):
         body = httpx.post(f"{server.url}/completion", json={"prompt": "hi", "n_predict": 2}, timeout=60).json()
         assert body["tokens_predicted"] == 2
         vectors = httpx.post(f"{server.url}/v1/embeddings", json={"input": "hi there"}, timeout=60).json()
-        embedder = load_embedder(model, pooling="mean", backend="pytorch")
+        embedder = load_embedder(model, pooling="mean", backend="fast")  # the server's kernels (--weights fast)
         expected = embedder.embed([embedder.tokenize("hi there")], normalization=-1)[0]  # --embd-normalize -1
         np.testing.assert_allclose(np.array(vectors["data"][0]["embedding"], dtype=np.float32), expected, atol=1e-5)
     finally:
         err = server.stop()
     assert "embeddings: pooling mean" in err
+    assert "the served model's weights" in err  # computed on the engine's runner: no second copy
 
 
 def test_a_reranker_ranks(tmp_path):

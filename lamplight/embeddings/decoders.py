@@ -7,12 +7,21 @@ The hidden states are the last layer's after `output_norm`. Inputs are the chunk
 each attending to its own tokens only (causal, or every token for gemma-embedding), so an
 input's states do not depend on what else is in the step: the prompt groups are per input, and
 single-token inputs come first, where the kernels treat decode rows (lamplight.models.batch).
+
+Backends: reference, pytorch, native (the C++ forward returning hidden states instead of logits;
+every row is computed alone there) and fast (native where this machine has it, else pytorch).
+gemma-embedding computes on PyTorch whatever the backend: its sliding layers see a window on
+both sides of each token, which the native attention (one-sided windows) does not compute.
+
+`ServedRunner`: a generating model's runner lent to the embedder of the same file, so that the
+weights are in memory once; the embedder's steps then run where the runner's own steps run
+(the engine's thread, between its steps), never beside them.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence, TypeVar
 
 import torch
 
@@ -26,9 +35,34 @@ from ..models.config import read_common_config
 from ..models.layers import QuantLinear
 from ..models.options import sliding_pattern
 from ..models.spec import DecoderSpec, read_decoder_spec
+from ..runner.base import ModelRunner
 
 BIDIRECTIONAL_ARCHITECTURES = ("gemma-embedding",)
 GEMMA_EMBEDDING_PERIOD = 6  # llama.cpp's swa period when the file has no sliding_window_pattern
+BACKENDS = ("reference", "pytorch", "native", "fast")
+SHAREABLE_BACKENDS = ("native", "pytorch", "compiled")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ServedRunner:
+    """A runner that serves the same model file, and `call(fn)`: runs fn where the runner's steps
+    run (Engine.call_on_engine) and returns its result."""
+
+    runner: ModelRunner
+    call: Callable[[Callable[[], T]], T]
+
+
+def why_not_shared(runner: ModelRunner) -> str | None:
+    """Why an embedder cannot compute on this served runner (None: it can). The reference
+    kernels are padded for batch invariance first (that would change the served model's), and
+    a PyTorch model with LoRA adapters computes with the scales of the engine's last step."""
+    if runner.backend not in SHAREABLE_BACKENDS:
+        return f"the {runner.backend} backend's kernels are changed for embeddings"
+    if runner.backend != "native" and runner.lora_scales is not None:
+        return "its LoRA adapters' scales change from step to step"
+    return None
 
 
 def gemma_embedding_spec(gguf: GGUFFile) -> DecoderSpec:
@@ -45,25 +79,34 @@ def gemma_embedding_spec(gguf: GGUFFile) -> DecoderSpec:
 
 
 class DecoderBody:
-    """`hidden_states(inputs)`: every input's final hidden states [n, n_embd]."""
+    """`hidden_states(inputs)`: every input's final hidden states [n, n_embd]; `backend`: what
+    computes them (one of BACKENDS), or `served`: a served runner of the same file to compute on."""
 
-    def __init__(self, gguf: GGUFFile, backend: str = "reference"):
+    def __init__(self, gguf: GGUFFile, backend: str = "reference", served: ServedRunner | None = None):
         self.causal = gguf.architecture not in BIDIRECTIONAL_ARCHITECTURES
-        spec = define_model(gguf) if self.causal else gemma_embedding_spec(gguf)
-        self.spec = spec
-        self.runner = build_runner(spec, backend)
-        self.model = self.runner.model
-        if backend == "reference":
-            _pad_reference_rows(self.model)
+        self.shared = served is not None and self.causal and why_not_shared(served.runner) is None
+        if self.shared:
+            self.runner, self._call = served.runner, served.call
+        else:
+            spec = define_model(gguf) if self.causal else gemma_embedding_spec(gguf)
+            self.runner, self._call = build_runner(spec, _backend_for(backend, self.causal)), _call_here
+            if self.runner.backend == "reference":
+                _pad_reference_rows(self.runner.model)
+        self.spec = spec = self.runner.spec
+        self.backend = self.runner.backend
+        self.kernels = self.runner.describe() + (", the served model's weights" if self.shared else "")
         config = spec.config
         self.n_embd = config.n_embd
         self.vocab_size = config.vocab_size
         self.n_ctx_train = config.n_ctx_train
-        windows = {layer.attn.window for layer in spec.layers} - {None}
+        windows = {layer.attn.window for layer in spec.layers if layer.attn is not None} - {None}
         self.windows = sorted(windows)
 
-    @torch.inference_mode()
     def hidden_states(self, inputs: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        return self._call(lambda: self._compute(inputs))
+
+    @torch.inference_mode()
+    def _compute(self, inputs: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         # Single-token inputs first: they are the step's decode rows, whatever else is there.
         order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]) != 1)
         chunks, first = [], 0
@@ -73,16 +116,37 @@ class DecoderBody:
             first += n
         state = self.runner.new_state(first)
         batch = build_forward_batch(chunks)
-        if not self.causal:
-            batch._groups = bidirectional_groups(chunks, self.windows)
-        if self.model.row_split is not None:
-            self.model.row_split.decode_rows = batch.leading_decode_tokens
-        hidden = self.model.output_norm(self.model.run_layers(batch, state))
+        if self.backend == "native":
+            hidden = self.runner.hidden_states(batch, state)
+        else:
+            hidden = self._torch_hidden(batch, state, chunks)
         parts = hidden.split([len(c.token_ids) for c in chunks])
         out: list[torch.Tensor] = [None] * len(inputs)  # type: ignore[list-item]
         for i, part in zip(order, parts):
             out[i] = part
         return out
+
+    def _torch_hidden(self, batch, state, chunks: list[SequenceChunk]) -> torch.Tensor:
+        model = self.runner.model
+        if not self.causal:
+            batch._groups = bidirectional_groups(chunks, self.windows)
+        if model.row_split is not None:
+            model.row_split.decode_rows = batch.leading_decode_tokens
+        return model.output_norm(model.run_layers(batch, state))
+
+
+def _call_here(fn: Callable[[], T]) -> T:
+    return fn()
+
+
+def _backend_for(backend: str, causal: bool) -> str:
+    """The runner backend for an embedder's `backend`: gemma-embedding's both-ways sliding
+    windows are PyTorch's alone (the native attention's windows are one-sided)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"embedding backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    if not causal and backend in ("native", "fast"):
+        return "pytorch"
+    return backend
 
 
 def _pad_reference_rows(model: torch.nn.Module) -> None:

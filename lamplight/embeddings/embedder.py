@@ -15,7 +15,7 @@ import torch
 from ..gguf.file import GGUFError, GGUFFile
 from ..models.spec import WeightSource
 from ..tokenizer import Tokenizer
-from .decoders import DecoderBody
+from .decoders import BACKENDS, DecoderBody, ServedRunner
 from .encoder import ENCODER_ARCHITECTURES, Encoder
 from .pooling import Pooling, normalize, pool
 
@@ -87,11 +87,16 @@ class Embedder:
     `rerank(query, documents)`: a score per document. Thread-safe: one computation at a time."""
 
     def __init__(self, gguf: GGUFFile, pooling: Pooling | str | None = None, backend: str = "reference",
-                 n_ctx: int | None = None, n_ubatch: int = DEFAULT_UBATCH):
+                 n_ctx: int | None = None, n_ubatch: int = DEFAULT_UBATCH, served: ServedRunner | None = None):
         self.path = Path(gguf.path)
         self.architecture = gguf.architecture
         self.tokenizer = Tokenizer.from_gguf(gguf)
-        self.body = Encoder(gguf) if gguf.architecture in ENCODER_ARCHITECTURES else DecoderBody(gguf, backend)
+        if gguf.architecture in ENCODER_ARCHITECTURES:
+            self.body = Encoder(gguf)
+        else:
+            self.body = DecoderBody(gguf, backend, served)
+        # On a served runner a step holds up generation: steps of one micro-batch (llama-server's).
+        self.step_tokens = n_ubatch if self.body.shared else STEP_TOKENS
         self.pooling = _pooling(gguf, pooling)
         w = WeightSource(gguf)
         self.rank_head = RankHead(w, softmax=self.body.causal) if w.has("cls.output.weight") else None
@@ -104,6 +109,11 @@ class Embedder:
         self.limits = Limits(self.n_ctx, n_ubatch, splittable=self.body.causal and self.pooling is Pooling.LAST)
         self.rerank_template = gguf.metadata.get(RERANK_TEMPLATE_KEY)
         self._lock = threading.Lock()
+
+    @property
+    def kernels(self) -> str:
+        """What computes the hidden states (the start-up log)."""
+        return self.body.kernels
 
     @property
     def has_rank_head(self) -> bool:
@@ -177,7 +187,7 @@ class Embedder:
             self.check_tokens(tokens)
         with self._lock, torch.inference_mode():
             out: list[torch.Tensor] = []
-            for step in _steps(inputs, STEP_TOKENS):
+            for step in _steps(inputs, self.step_tokens):
                 out += self.body.hidden_states(step)
             return out
 
@@ -207,10 +217,14 @@ def _steps(inputs: Sequence[Sequence[int]], budget: int) -> list[list[Sequence[i
 
 
 def load_embedder(path: str | os.PathLike, pooling: Pooling | str | None = None, backend: str = "reference",
-                  n_ctx: int | None = None, n_ubatch: int = DEFAULT_UBATCH) -> Embedder:
+                  n_ctx: int | None = None, n_ubatch: int = DEFAULT_UBATCH,
+                  served: ServedRunner | None = None) -> Embedder:
     """An embedder for a GGUF file: `pooling` overrides the file's pooling_type; `backend` is
-    "reference" (float32) or "pytorch" (PyTorch's fast kernels for decoders; encoders compute
-    in float32 either way); `n_ctx` the context per input (default and at most the model's)."""
-    if backend not in ("reference", "pytorch"):
-        raise ValueError(f"embedding backend {backend!r} is not one of reference, pytorch")
-    return Embedder(GGUFFile(path), pooling, backend, n_ctx, n_ubatch)
+    "reference" (float32), "pytorch" (PyTorch's fast kernels), "native" (the C++ forward) or
+    "fast" (native where it runs, else pytorch) for decoders (gemma-embedding: PyTorch; encoders
+    compute in float32 either way); `n_ctx` the context per input (default and at most the
+    model's); `served`: the runner serving this same file, computed on instead of a second copy
+    of the weights where it can be (decoders.why_not_shared)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"embedding backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    return Embedder(GGUFFile(path), pooling, backend, n_ctx, n_ubatch, served)

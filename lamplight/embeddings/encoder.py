@@ -89,6 +89,8 @@ class Encoder:
     """`hidden_states(inputs)`: every input's final hidden states [n, n_embd]."""
 
     causal = False
+    kernels = "pytorch float32 encoder"
+    shared = False  # its own weights (no generating model serves an encoder)
 
     def __init__(self, gguf: GGUFFile):
         if gguf.architecture not in ENCODER_ARCHITECTURES:

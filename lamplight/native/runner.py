@@ -338,13 +338,30 @@ class NativeRunner(ModelRunner):
         return dequantize_rows(self.spec.token_embd, token_ids.numpy())
 
     def run_batch(self, batch: ForwardBatch, state: ModelState) -> torch.Tensor:
+        logit_rows = batch.logit_rows.contiguous()
+        return self._step(batch, state, logit_rows, self.config.vocab_size, self.lib.lp_forward_states, loras=True)
+
+    def hidden_states(self, batch: ForwardBatch, state: ModelState) -> torch.Tensor:
+        """Every row's final hidden states (after output_norm) [rows, n_embd] instead of logits:
+        what an embedder pools. The LoRA adapters are left out: the engine sets their scales
+        per step, and an embedding must not depend on which step came last. `state` is the
+        caller's for this call only: the engine's pools stay described, and `state` is not kept."""
+        rows = torch.arange(batch.token_ids.numel())
+        described = self._kv_desc, self._state_desc
+        try:
+            return self._step(batch, state, rows, self.config.n_embd, self.lib.lp_forward_hidden, loras=False)
+        finally:
+            self._kv_desc, self._state_desc = described
+
+    def _step(self, batch: ForwardBatch, state: ModelState, logit_rows: torch.Tensor, width: int, entry,
+              loras: bool) -> torch.Tensor:
+        """One call of `entry` (lp_forward_states or lp_forward_hidden): its output [logit rows, width]."""
         embd = self.embeddings(batch.token_ids)
         given = self._given_rows(batch, embd)
         key_ends = batch.key_ends.contiguous() if batch.key_ends is not None else None
         key_offsets, key_slots = key_table(batch)
         positions = batch.positions.contiguous()
         write_slots = batch.kv_write_slots.contiguous()
-        logit_rows = batch.logit_rows.contiguous()
         n_rows = embd.shape[0]
         # The C side reads int64 [n_rows] arrays and float32 embeddings [n_rows, n_embd]: what it
         # cannot see (dtypes, lengths) is checked here; the values in them it checks itself.
@@ -355,8 +372,8 @@ class NativeRunner(ModelRunner):
             raise ValueError("native forward: the batch's arrays are not int64 [rows] (embeddings float32 [rows, n_embd])")
         ple = self.spec.per_layer_inputs
         per_layer_rows = None if ple is None else dequantize_rows(ple.token_embd, batch.token_ids.numpy()).contiguous()
-        logits = torch.empty(logit_rows.numel(), self.config.vocab_size)
-        scales = np.asarray(self.lora_scales.scales, dtype=np.float32) if self._has_loras else None
+        out = torch.empty(logit_rows.numel(), width)
+        scales = np.asarray(self.lora_scales.scales, dtype=np.float32) if self._has_loras and loras else None
         b = abi.Batch(n_rows=n_rows, n_logits=logit_rows.numel(), n_key_slots=key_slots.size,
                       n_lora_scales=0 if scales is None else scales.size, embeddings=_ptr(embd),
                       positions=_ptr(positions), write_slots=_ptr(write_slots), key_offsets=_ptr(key_offsets),
@@ -364,15 +381,15 @@ class NativeRunner(ModelRunner):
                       key_ends=_ptr(key_ends), given_rows=_ptr(given), per_layer_rows=_ptr(per_layer_rows))
         pool = self._kv(state.kv)
         states = self._states(batch, state.recurrent) if self._recurrent_layers else None
-        rc = self.lib.lp_forward_states(self.handle, ctypes.byref(b), ctypes.byref(pool),
-                                        None if states is None else ctypes.byref(states), logits.data_ptr())
+        rc = entry(self.handle, ctypes.byref(b), ctypes.byref(pool), None if states is None else ctypes.byref(states),
+                   out.data_ptr())
         if rc == abi.LP_ERR_UNSUPPORTED:
             raise NativeUnsupported(abi.last_error(self.lib)[1])
         if rc != abi.LP_OK:
             raise abi.error(self.lib, rc)  # ValueError naming the array, row and value out of range
         if states is not None:
             advance_states(batch, state.recurrent)
-        return logits
+        return out
 
     @property
     def _recurrent_layers(self) -> int:

@@ -139,15 +139,28 @@ def wants_embedder(options: EngineOptions) -> bool:
     return options.embedding or options.reranking or options.pooling is not None
 
 
-def load_embedder(path: str | Path, options: EngineOptions, n_ctx: int | None = None) -> Any:
-    """The embedder the embedding flags ask for (--reranking: pooling rank); the same kernels
-    as the generating model (--weights reference: float32)."""
+# How long an embedding step may wait for the engine's thread (its steps come first).
+EMBED_STEP_TIMEOUT = 600.0
+
+
+def load_embedder(path: str | Path, options: EngineOptions, n_ctx: int | None = None, engine: Any = None) -> Any:
+    """The embedder the embedding flags ask for (--reranking: pooling rank). With the generating
+    model's `engine` it computes on the engine's own runner (no second copy of the weights),
+    between the engine's steps, where that runner can be lent (embeddings.decoders.why_not_shared),
+    else on its own copy on the same backend; without one (an embedding-only model) on the
+    kernels --weights asks for (fast: native where the architecture has a native forward)."""
     from lamplight.embeddings import load_embedder as load
+    from lamplight.embeddings.decoders import ServedRunner
 
     pooling = "rank" if options.reranking else options.pooling
-    backend = "reference" if options.weights == "reference" else "pytorch"
+    served = None
+    if engine is not None:
+        served = ServedRunner(engine.runner, lambda fn: engine.call_on_engine(fn, timeout=EMBED_STEP_TIMEOUT))
+        backend = {"compiled": "pytorch"}.get(engine.runner.backend, engine.runner.backend)
+    else:
+        backend = "reference" if options.weights == "reference" else "fast"
     try:
-        return load(path, pooling=pooling, backend=backend, n_ctx=n_ctx, n_ubatch=options.n_ubatch)
+        return load(path, pooling=pooling, backend=backend, n_ctx=n_ctx, n_ubatch=options.n_ubatch, served=served)
     except ValueError as exc:  # e.g. --pooling rank on a file without a ranking head
         raise StartupError(f"embeddings: {exc}") from exc
 

@@ -827,8 +827,26 @@ void finish_layer(Model& m, int li, const LpBatch& b) {
         });
 }
 
-// The step itself, once its batch is checked.
-void forward(Model& m, const LpBatch& b, const LpKV& kv, float* logits) {
+// The logit rows' last residual add and final norm into normed [n_logits, E] (quantized into
+// m.acts for the head unless `for_head` is false).
+void final_norm(Model& m, const LpBatch& b, float* normed, bool for_head) {
+    const LpConfig& c = m.cfg;
+    const int E = c.n_embd;
+    const LpLayer& last = m.layers[c.n_layers - 1];
+    const bool last_pending = !finishes_itself(last);
+    float* h = m.h.data();
+    uint8_t* acts = for_head ? acts_for(m.acts, b.n_logits, E) : nullptr;
+    for_rows(b.n_logits, [&](int i, int) {
+        float* hr = h + b.logit_rows[i] * E;
+        if (last_pending) add_residual(hr, m.out.data() + b.logit_rows[i] * E, last.post_ffn_norm, c);
+        rms_norm(hr, c.output_norm, c.rms_eps, E, normed + (int64_t)i * E);
+        if (for_head) quantize_row(normed, E, i, acts);
+    });
+}
+
+// The step itself, once its batch is checked: logits [n_logits, vocab], or with `hidden` the
+// logit rows' final-normed hidden states [n_logits, n_embd] instead (no head: embeddings).
+void forward(Model& m, const LpBatch& b, const LpKV& kv, float* logits, bool hidden) {
     const LpConfig& c = m.cfg;
     int T = b.n_rows, E = c.n_embd;
     float* h = grow(m.h, (size_t)T * E);
@@ -845,16 +863,14 @@ void forward(Model& m, const LpBatch& b, const LpKV& kv, float* logits) {
     }
     PhaseTimer timer;
     // Only the logit rows need the last layer's output and the final norm.
-    const LpLayer& last = m.layers[c.n_layers - 1];
-    const bool last_pending = !finishes_itself(last);
+    if (hidden) {
+        final_norm(m, b, logits, false);  // `logits` holds the hidden states here
+        timer.lap(P_HEAD);
+        lp::commit_states(m.recurrent);
+        return;
+    }
     float* normed = grow(m.logits_in, (size_t)b.n_logits * E);
-    uint8_t* acts = acts_for(m.acts, b.n_logits, E);
-    for_rows(b.n_logits, [&](int i, int) {
-        float* hr = h + b.logit_rows[i] * E;
-        if (last_pending) add_residual(hr, m.out.data() + b.logit_rows[i] * E, last.post_ffn_norm, c);
-        rms_norm(hr, c.output_norm, c.rms_eps, E, normed + (int64_t)i * E);
-        quantize_row(normed, E, i, acts);
-    });
+    final_norm(m, b, normed, true);
     linear(c.head, normed, b.n_logits, logits, m.acts, true, b.lora_scales);
     if (c.logit_scale != 1.0f || c.final_softcap > 0.0f)
         for_rows(b.n_logits, [&](int i, int) {
@@ -1122,9 +1138,12 @@ int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* log
     return lp_forward_states(model, batch, kv, nullptr, logits);
 }
 
-int32_t lp_forward_states(void* model, const LpBatch* batch, const LpKV* kv, const LpStates* states, float* logits) {
-    if (!model || !batch || !kv || (!logits && batch->n_logits > 0))
-        return lp::fail(LP_ERR_ARGUMENT, "lp_forward: a null model, batch, KV pool or logits");
+namespace {
+
+// lp_forward_states and lp_forward_hidden: `out` is the logits or (hidden) the hidden states.
+int32_t run_step(void* model, const LpBatch* batch, const LpKV* kv, const LpStates* states, float* out, bool hidden) {
+    if (!model || !batch || !kv || (!out && batch->n_logits > 0))
+        return lp::fail(LP_ERR_ARGUMENT, "lp_forward: a null model, batch, KV pool or output");
     Model& m = *(Model*)model;
     const LpConfig& c = m.cfg;
     if (c.n_embd > LP_MAX_EMBD || c.head_dim_k > LP_MAX_HEAD_DIM || c.head_dim_k % 8 != 0)
@@ -1133,11 +1152,21 @@ int32_t lp_forward_states(void* model, const LpBatch* batch, const LpKV* kv, con
     if (int32_t rc = check_batch(m, *batch, *kv)) return rc;
     int32_t rc = lp::guarded([&] {
         if (int32_t rc = lp::begin_step(states, *batch, m.mixers, m.recurrent)) return rc;
-        forward(m, *batch, *kv, logits);
+        forward(m, *batch, *kv, out, hidden);
         return (int32_t)LP_OK;
     });
     lp::pool_park();  // after a failure too: the workers sleep rather than spin
     return rc;
+}
+
+}  // namespace
+
+int32_t lp_forward_states(void* model, const LpBatch* batch, const LpKV* kv, const LpStates* states, float* logits) {
+    return run_step(model, batch, kv, states, logits, false);
+}
+
+int32_t lp_forward_hidden(void* model, const LpBatch* batch, const LpKV* kv, const LpStates* states, float* hidden) {
+    return run_step(model, batch, kv, states, hidden, true);
 }
 
 int64_t lp_model_scratch_bytes(void* model) {

@@ -188,6 +188,9 @@ int32_t lp_forward(void* model, const LpBatch* batch, const LpKV* kv, float* log
 // The same for a model with recurrent layers: their per-sequence states read from and written to
 // `states` (src/recurrent.h), written only once the whole step has succeeded.
 int32_t lp_forward_states(void* model, const LpBatch* batch, const LpKV* kv, const LpStates* states, float* logits);
+// Instead of logits: the final-normed hidden states [n_logits, n_embd] of the logit rows (after
+// output_norm, before the head), what embedding models pool. Everything else as lp_forward_states.
+int32_t lp_forward_hidden(void* model, const LpBatch* batch, const LpKV* kv, const LpStates* states, float* hidden);
 // Bytes of scratch the model's steps have grown so far (it grows with the largest step: the
 // rows of a step and the longest context attended to).
 int64_t lp_model_scratch_bytes(void* model);
