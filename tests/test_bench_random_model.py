@@ -1,14 +1,19 @@
-"""`lamplight bench write-model`: random-weight GGUFs of real model shapes (lamplight.bench.random_model).
+"""`lamplight bench write-model`: random-weight GGUFs of real model shapes (lamplight.bench.random_model,
+random_encoder, random_mmproj).
 
 Checked against llama.cpp's own files where they exist: the type mix against a real
 llama-quantize Q4_K_M file (gemma-3-270m), the qwen35 layout against
 shared/reference/archs2/qwen35.gguf (read back with the gguf library); the small llama files
-load in lamplight, their weights have a trained model's spread, and greedy output is ASCII.
+load in lamplight, their weights have a trained model's spread, and greedy output is ASCII. The
+reranker and the vision projector have the key and tensor sets of the reference folders' tiny
+llama.cpp files, load in lamplight (scores; an image's rows for SmolLM2), and their full sizes
+are the published models'.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 import gguf
 import numpy as np
@@ -19,13 +24,19 @@ from gguf import GGMLQuantizationType as Q
 from gguf.constants import MODEL_ARCH, MODEL_TENSORS, TENSOR_NAMES
 
 import lamplight
+from lamplight.bench.random_encoder import (ENCODER_SHAPES, encoder_shape_for, planned_encoder_tensors,
+                                            write_random_encoder)
+from lamplight.bench.random_mmproj import (MMPROJ_FILE_TYPES, mmproj_shape_for, planned_mmproj_tensors,
+                                           write_random_mmproj)
 from lamplight.bench.random_model import (FILE_TYPES, HEAD_SHRINK, MATRIX_STD, SHAPES, llama3_rope_factors,
                                           planned_tensors, shape_for, tensor_types, write_random_model)
 from lamplight.cli import main as lamplight_main
+from lamplight.embeddings import Pooling, load_embedder
 from lamplight.gguf.file import GGUFFile
 from lamplight.gguf.quant import dequantize
 from lamplight.runner import greedy, score
 from lamplight.tokenizer import Tokenizer
+from lamplight.vision import DecodedImage, load_vision_model
 
 # A llama-3.2-1b cut small: 2 layers of 256 wide (a multiple of Q4_K's 256-value blocks).
 SMALL = ("n_embd=256", "n_ff=512", "n_head=4", "n_head_kv=2")
@@ -212,3 +223,151 @@ def test_command_line(tmp_path, smollm2_path, capsys):
     assert lamplight_main(["bench", "write-model", "llama-3.2-1b", str(out), "--shape-override", "n_embd=100",
                            "--type", "Q4_0", "--tokenizer-from", str(smollm2_path)]) == 2
     assert "not a multiple" in capsys.readouterr().err
+
+
+# -- the encoders (random_encoder.py) and the vision projector (random_mmproj.py) ---------------------
+
+RERANK_DOCS = ["hi", "it is a bear", "the giant panda is a bear species endemic to china"]
+
+
+def _fields(path) -> dict[str, list[str]]:
+    """Every key of a GGUF file with its value types (gguf's reader)."""
+    return {name: [t.name for t in field.types] for name, field in gguf.GGUFReader(path).fields.items()}
+
+
+def _tensor_layout(path) -> dict[str, tuple[int, str]]:
+    """Tensor name (blocks as blk.N) -> (dimensions, type)."""
+    return {re.sub(r"blk\.\d+\.", "blk.N.", t.name): (len(t.shape), t.tensor_type.name)
+            for t in gguf.GGUFReader(path).tensors}
+
+
+@pytest.fixture(scope="module")
+def encoder_files(tmp_path_factory) -> dict[str, str]:
+    """bge-reranker-base (F16, Q8_0) and bert-base (F16) at full width, cut to 2 layers."""
+    folder = tmp_path_factory.mktemp("random_encoders")
+    return {f"{shape}-{ft}": str(write_random_encoder(shape, folder / f"{shape}-{ft}.gguf", ft, seed=3, layers=2).path)
+            for shape, ft in [("bge-reranker-base", "F16"), ("bge-reranker-base", "Q8_0"), ("bert-base", "F16")]}
+
+
+def test_reranker_has_the_reference_rerankers_layout(encoder_files):
+    """The keys (with their GGUF types), the tensor names and the vocabulary of llama.cpp's
+    converted reranker (shared/reference/embeddings/bert-rerank.gguf), plus the file type; the
+    position embeddings and token types stay F32 (llama-quantize leaves them)."""
+    reference = reference_path("embeddings/bert-rerank.gguf")
+    ours = encoder_files["bge-reranker-base-Q8_0"]
+    assert _fields(ours) == {**_fields(reference), "general.file_type": ["UINT32"],
+                             "general.quantization_version": ["UINT32"]}
+    assert list(_tensor_layout(ours)) == list(_tensor_layout(reference))
+    tokens = lambda path: gguf.GGUFReader(path).fields["tokenizer.ggml.tokens"].contents()  # noqa: E731
+    assert tokens(ours) == tokens(reference)
+    types = {name: t.qtype for name, t in GGUFFile(ours).tensors.items()}
+    assert types["position_embd.weight"] == types["token_types.weight"] == Q.F32
+    assert types["blk.1.ffn_down.weight"] == types["cls.output.weight"] == types["token_embd.weight"] == Q.Q8_0
+    meta = GGUFFile(ours).metadata
+    assert (meta["bert.embedding_length"], meta["bert.feed_forward_length"], meta["bert.attention.head_count"],
+            meta["bert.context_length"], meta["tokenizer.ggml.token_type_count"]) == (768, 3072, 12, 512, 1)
+
+
+@pytest.mark.parametrize("file_type", ["F16", "Q8_0"])
+def test_reranker_loads_and_scores(encoder_files, file_type):
+    """lamplight loads it as a rank model (the file's pooling type, the cls.* head); each document
+    gets a finite score of its own."""
+    embedder = load_embedder(encoder_files[f"bge-reranker-base-{file_type}"])
+    assert embedder.pooling is Pooling.RANK and embedder.has_rank_head
+    scores = np.array(embedder.rerank("what is a panda?", RERANK_DOCS))
+    assert np.isfinite(scores).all() and np.ptp(scores) > 1e-4 and np.abs(scores).max() < 10, scores
+
+
+def test_bert_base_embeds_with_cls_pooling(encoder_files):
+    path = encoder_files["bert-base-F16"]
+    assert not any(name.startswith("cls") for name in GGUFFile(path).tensors)
+    embedder = load_embedder(path)
+    assert embedder.pooling is Pooling.CLS and not embedder.has_rank_head
+    vectors = embedder.embed([embedder.tokenize("hello world"), embedder.tokenize("the cat sat on the mat")])
+    assert all(v.shape == (768,) and np.isfinite(v).all() and abs(np.linalg.norm(v) - 1) < 1e-5 for v in vectors)
+    assert float(vectors[0] @ vectors[1]) < 0.9999  # different texts, different vectors
+
+
+# Published parameter counts with each model's real vocabulary: bert-base-uncased's 109,482,240
+# less its pooler (768 x 768 + 768, which the converter drops); bge-reranker-base's 278M (XLM-R
+# base, 250002 tokens; the converter keeps 512 of its 514 position rows).
+ENCODERS_PUBLISHED = {"bert-base": (30522, 109_482_240 - 590_592, 0.0), "bge-reranker-base": (250002, 278e6, 1e-3)}
+
+
+@pytest.mark.parametrize("shape", list(ENCODER_SHAPES))
+def test_encoder_shapes_have_the_published_sizes(shape):
+    n_vocab, published, tolerance = ENCODERS_PUBLISHED[shape]
+    params = sum(math.prod(t.shape) for t in planned_encoder_tensors(encoder_shape_for(shape), n_vocab))
+    assert abs(params / published - 1) <= tolerance, params
+
+
+@pytest.fixture(scope="module")
+def mmproj_files(tmp_path_factory) -> dict[str, str]:
+    """siglip-b16-mlp at full width and patch size, cut to 2 blocks and a 64 px image (16 patches)."""
+    folder = tmp_path_factory.mktemp("random_mmproj")
+    return {ft: str(write_random_mmproj("siglip-b16-mlp", folder / f"mmproj-{ft}.gguf", ft, seed=4, layers=2,
+                                        overrides=["image_size=64"]).path) for ft in MMPROJ_FILE_TYPES}
+
+
+def test_mmproj_has_the_reference_mlp_projectors_layout(mmproj_files):
+    """The keys (with their types) and the tensors (dimensions, types) of the tiny mlp projector in
+    shared/reference/vision; Q8_0 turns the matrices (not the convolution, not the positions) into Q8_0."""
+    reference = reference_path("vision/mmproj/mmproj-mlp.gguf")
+    assert _fields(mmproj_files["F16"]) == _fields(reference) == _fields(mmproj_files["Q8_0"])
+    assert _tensor_layout(mmproj_files["F16"]) == _tensor_layout(reference)
+    q8 = _tensor_layout(mmproj_files["Q8_0"])
+    assert {name for name, (_, qtype) in q8.items() if qtype == "F16"} == {"v.patch_embd.weight",
+                                                                           "v.position_embd.weight"}
+    assert q8["v.blk.N.ffn_down.weight"][1] == q8["mm.2.weight"][1] == "Q8_0"
+
+
+def test_mmproj_encodes_an_image_for_smollm2(mmproj_files, smollm2_path):
+    """Loaded beside the real SmolLM2 (checked against its width, laid out with its tokenizer), a
+    small image becomes one row per patch, finite and of the size of token embeddings."""
+    text = GGUFFile(smollm2_path)
+    tok = Tokenizer.from_gguf(text)
+    tokenize = lambda s: tok.encode(s, add_special=False, parse_special=True)  # noqa: E731
+    image = DecodedImage.from_pixels(np.random.default_rng(0).integers(0, 256, (30, 40, 3)))
+    for file_type, path in mmproj_files.items():
+        model = load_vision_model(path, text_n_embd=text.metadata["llama.embedding_length"], tokenize=tokenize)
+        (rows,) = model.encode(model.plan(image)).segments
+        assert rows.embeddings.shape == (16, 576) and torch.isfinite(rows.embeddings).all()
+        assert 0.05 < float(rows.embeddings.square().mean().sqrt()) < 2, file_type
+
+
+def test_siglip_b16_mlp_has_siglip_b16_and_smollm2_sizes(smollm2_path):
+    """At full size: 512 px in 16 px patches (1024 rows out), rows of SmolLM2's width (read from the
+    real file), and a ViT-B/16 tower: torchvision's vit_b_16 has 86,567,656 parameters, of which
+    its classifier (768 x 1000 + 1000), patch bias and 197 position rows differ from this layout
+    (no head, no patch bias, 1025 position rows; its final LayerNorm is this one's pre-LayerNorm)."""
+    s = mmproj_shape_for("siglip-b16-mlp")
+    assert (s.n_patches, s.text_n_embd) == (1024, GGUFFile(smollm2_path).metadata["llama.embedding_length"])
+    plan = planned_mmproj_tensors(s)
+    tower = sum(math.prod(t.shape) for t in plan if not t.name.startswith("mm."))
+    assert tower == 86_567_656 - (768 * 1000 + 1000) - 768 + (1025 - 197) * 768
+    assert [t.shape for t in plan if t.name.startswith("mm.") and t.name.endswith("weight")] == [(576, 768), (576, 576)]
+
+
+@pytest.mark.parametrize("write, shape", [(write_random_encoder, "bge-reranker-base"),
+                                          (write_random_mmproj, "siglip-b16-mlp")])
+def test_encoder_and_mmproj_files_are_deterministic(tmp_path, write, shape):
+    small = ["n_embd=64", "n_ff=128", "n_head=4"] + (["image_size=64"] if shape == "siglip-b16-mlp" else [])
+    data = [open(write(shape, tmp_path / f"{seed}-{i}.gguf", "Q8_0", seed=seed, layers=2, overrides=small).path,
+                 "rb").read() for i, seed in enumerate((1, 1, 2))]
+    assert data[0] == data[1] != data[2]
+
+
+def test_command_line_writes_encoders_and_projectors(tmp_path, capsys):
+    out = tmp_path / "cli.gguf"
+    small = ["--layers", "2", "--shape-override", "n_embd=64", "--shape-override", "n_ff=128",
+             "--shape-override", "n_head=4"]
+    assert lamplight_main(["bench", "write-model", "bge-reranker-base", str(out), *small]) == 0
+    assert "F16" in capsys.readouterr().out  # the encoders' default type
+    assert GGUFFile(out).metadata["bert.pooling_type"] == 4
+    assert lamplight_main(["bench", "write-model", "siglip-b16-mlp", str(out), *small, "--type", "Q4_0"]) == 2
+    assert "choose from F16, Q8_0" in capsys.readouterr().err
+    assert lamplight_main(["bench", "write-model", "siglip-b16-mlp", str(out), "--tokenizer-from", "x"]) == 2
+    assert "no vocabulary" in capsys.readouterr().err
+    assert lamplight_main(["bench", "write-model", "bert-base", str(out), *small, "--shape-override",
+                           "pooling=sum"]) == 2
+    assert "pooling" in capsys.readouterr().err

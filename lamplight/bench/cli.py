@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import sys
 import time
+from typing import Callable
 
 from lamplight.bench.client import BenchError
 from lamplight.bench.config import DEFAULT_CONFIG, QUICK_CONFIG, BenchConfig
@@ -69,16 +70,82 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def _add_write_model_command(parser: argparse.ArgumentParser) -> None:
     """`bench write-model SHAPE OUT.gguf`: an optional subcommand, so `bench [options]` is unchanged."""
-    from lamplight.bench.random_model import add_write_model_arguments, run_write_model
-
     commands = parser.add_subparsers(dest="bench_command", metavar="{write-model}",
                                      title="other commands (instead of a benchmark run)")
     write = commands.add_parser("write-model", help="write a random-weight GGUF of a real model shape",
-                                description="Write a random-weight GGUF of a real model's shape (the default "
-                                            "model's tokenizer), quantized as llama-quantize would, for "
-                                            "benchmarks at real sizes.")
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description=WRITE_MODEL_DESCRIPTION)
     add_write_model_arguments(write)
     write.set_defaults(bench_main=run_write_model)
+
+
+WRITE_MODEL_DESCRIPTION = """\
+Write a random-weight GGUF of a real model's shape, for benchmarks at real sizes; lamplight and
+llama.cpp's llama-server both load it.
+
+decoders (llama-3.2-*, qwen3.5-*): the default model's tokenizer (SmolLM2's), quantized as
+  llama-quantize would (--type Q4_K_M, Q4_0, Q8_0, F16).
+encoders: bge-reranker-base (a BERT cross-encoder with its classification head, pooling rank: serve
+  with --reranking) and bert-base (no head, pooling cls). Their vocabulary is a small WordPiece one,
+  not bge-reranker-base's 250k-token XLM-R SentencePiece (which lamplight does not tokenize): a
+  step's compute does not depend on the vocabulary size, only a text's token count does.
+vision projector: siglip-b16-mlp, an mmproj file (SigLIP-B/16 tower at 512 px, 1024 image rows,
+  LLaVA's mlp projector) for the real SmolLM2-135M-Instruct: serve with -m SMOLLM2 --mmproj OUT
+  (--type F16 or Q8_0).
+"""
+
+
+def _model_writers() -> dict[str, tuple[Callable, str]]:
+    """Shape name -> (the function writing it, its default --type). The functions take the same arguments."""
+    from lamplight.bench.random_encoder import ENCODER_SHAPES, write_random_encoder
+    from lamplight.bench.random_mmproj import MMPROJ_SHAPES, write_random_mmproj
+    from lamplight.bench.random_model import SHAPES, write_random_model
+
+    return {**dict.fromkeys(SHAPES, (write_random_model, "Q4_K_M")),
+            **dict.fromkeys(ENCODER_SHAPES, (write_random_encoder, "F16")),
+            **dict.fromkeys(MMPROJ_SHAPES, (write_random_mmproj, "F16"))}
+
+
+def add_write_model_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    from lamplight.bench.random_model import FILE_TYPES
+
+    shapes = list(_model_writers())
+    parser.add_argument("shape", choices=shapes, metavar="SHAPE", help=f"one of {', '.join(shapes)}")
+    parser.add_argument("out", metavar="OUT.gguf", help="the file to write")
+    parser.add_argument("--type", dest="file_type", choices=list(FILE_TYPES),
+                        help="weight types, as llama-quantize's file type of that name (default: Q4_K_M for "
+                             "decoders, F16 for encoders and the projector, which takes F16 or Q8_0)")
+    parser.add_argument("--seed", type=int, default=0, help="weight seed (default: %(default)s)")
+    parser.add_argument("--layers", type=int, metavar="N", help="cut the model to N layers")
+    parser.add_argument("--shape-override", action="append", default=[], metavar="FIELD=VALUE",
+                        help="change one size of the shape (e.g. n_embd=256, n_ff=512, tied=0); repeatable")
+    parser.add_argument("--tokenizer-from", metavar="ALIAS|PATH",
+                        help="GGUF whose tokenizer is copied (default: smollm2-135m-instruct for decoders, "
+                             "the built-in WordPiece vocabulary for encoders; encoders need a 'bert' one)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="one line per tensor on stderr")
+    return parser
+
+
+def run_write_model(args: argparse.Namespace) -> int:
+    """`lamplight bench write-model`: returns the exit code."""
+    from lamplight.gguf.file import GGUFError
+    from lamplight.sources import ModelSourceError
+
+    write, default_type = _model_writers()[args.shape]
+    progress = (lambda line: print(line, file=sys.stderr)) if args.verbose else None
+    try:
+        written = write(args.shape, args.out, args.file_type or default_type, seed=args.seed, layers=args.layers,
+                        overrides=args.shape_override, tokenizer_from=args.tokenizer_from, progress=progress)
+    except (ValueError, GGUFError) as exc:  # GGUFError is a ValueError; named for the reader
+        print(f"lamplight bench write-model: error: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ModelSourceError) as exc:
+        print(f"lamplight bench write-model: error: {exc}", file=sys.stderr)
+        return 1
+    mix = ", ".join(f"{name} x{n}" for name, n in sorted(written.type_counts().items()))
+    print(f"wrote {written.path}: {written.bytes / 2**20:.1f} MiB, {len(written.types)} tensors ({mix}) "
+          f"in {written.seconds:.1f} s")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

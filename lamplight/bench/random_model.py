@@ -16,17 +16,18 @@ the default model's tokenizer (SmolLM2's 49152 tokens, tokenizer.* metadata and 
 - Same arguments, same seed: a byte-identical file (each tensor's generator is seeded from the
   seed and the tensor's name, so cutting layers leaves the remaining tensors unchanged).
 
-Qwen 3.5 (`qwen35`) follows shared/reference/archs2/README.md's key and tensor list; lamplight
-does not run that architecture yet, the file is for llama.cpp and for later.
+Qwen 3.5 (`qwen35`) follows shared/reference/archs2/README.md's key and tensor list.
+
+The encoders (random_encoder.py: a bge-reranker-base-shaped BERT) and the vision projector
+(random_mmproj.py: a SigLIP-B/16 tower) are written with the pieces here (`random_matrix`,
+`tensor_types`, `write_planned_gguf`); the command line is cli.py's `write-model`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
-import sys
 import time
 import zlib
 from collections import Counter
@@ -40,6 +41,7 @@ from gguf import GGMLQuantizationType as Q
 
 MATRIX_STD = 0.02  # a trained transformer's weight spread
 NORM_STD = 0.05  # norm weights: 1 + N(0, NORM_STD)
+BIAS_STD = 0.02  # biases (the encoders and the vision tower have them): N(0, BIAS_STD)
 HEAD_SHRINK = 1 / 16  # output rows of tokens greedy decoding must not pick
 CHUNK_VALUES = 1 << 22  # weights generated at a time (bounds the temporaries)
 
@@ -112,20 +114,26 @@ def shape_for(name: str, layers: int | None = None, overrides: Sequence[str] = (
     tuples as "11,11,10,0", booleans as 0/1) applied, checked."""
     if name not in SHAPES:
         raise ValueError(f"unknown shape {name!r} (choose from {', '.join(SHAPES)})")
-    changes = dict(_parse_override(text) for text in overrides)
-    if layers is not None:
-        changes["n_layer"] = layers
-    shape = dataclasses.replace(SHAPES[name], **changes)
+    shape = replace_shape(SHAPES[name], layers, overrides)
     _check_shape(shape)
     return shape
 
 
-def _parse_override(text: str) -> tuple[str, object]:
+def replace_shape(shape, layers: int | None, overrides: Sequence[str]):
+    """A shape dataclass (decoder, encoder or vision tower) with `n_layer` = `layers` and each
+    "FIELD=VALUE" of `overrides` applied, the value parsed as the field's current type."""
+    changes = dict(_parse_override(shape, text) for text in overrides)
+    if layers is not None:
+        changes["n_layer"] = layers
+    return dataclasses.replace(shape, **changes)
+
+
+def _parse_override(shape, text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
-    fields = {f.name: f for f in dataclasses.fields(ModelShape) if f.name != "arch"}
+    fields = [f.name for f in dataclasses.fields(shape) if f.name != "arch"]
     if not sep or key not in fields:
         raise ValueError(f"--shape-override {text!r}: expected FIELD=VALUE with FIELD one of {', '.join(fields)}")
-    default = getattr(SHAPES["llama-3.2-1b"], key)
+    default = getattr(shape, key)
     try:
         if key == "llama3_rope":
             return key, None if value.lower() in ("none", "") else _parse_llama3_rope(value)
@@ -174,7 +182,7 @@ def _check_shape(s: ModelShape) -> None:
 class PlannedTensor:
     name: str
     shape: tuple[int, ...]  # numpy order: a linear weight is (out_features, in_features)
-    kind: str  # matrix, norm, rope_freqs, ssm_a, dt_bias, conv
+    kind: str  # what values it gets: matrix, norm, rope_freqs, ssm_a, dt_bias, conv (other writers add theirs)
     head: bool = False  # the matrix the output head reads (its rows get the ASCII gains)
 
 
@@ -303,9 +311,11 @@ def _tensor_type(name: str, shape: tuple[int, ...], ft: FileType, file_type: str
 
 
 def _allows_quantization(name: str, shape: tuple[int, ...]) -> bool:
-    """tensor_allows_quantization, the parts that concern these architectures."""
+    """tensor_allows_quantization, the parts that concern these architectures (BERT's position
+    embeddings and token types included)."""
     return (len(shape) >= 2 and name.endswith("weight") and "_norm.weight" not in name
-            and "ffn_gate_inp.weight" not in name and "ssm_conv1d" not in name)
+            and "ffn_gate_inp.weight" not in name and "ssm_conv1d" not in name
+            and name not in ("position_embd.weight", "token_types.weight"))
 
 
 def _is_attn_v_like(name: str) -> bool:
@@ -461,7 +471,7 @@ def ascii_row_gains(tokenizer) -> np.ndarray:
     return gains
 
 
-def _add_tokenizer_keys(w: GGUFWriter, metadata: dict) -> None:
+def add_tokenizer_keys(w: GGUFWriter, metadata: dict) -> None:
     """Copy tokenizer.* (vocabulary, merges, special ids, chat template) with the types llama.cpp
     reads them as: ids uint32, flags bool, token types int32[], scores float32[]."""
     for key, value in metadata.items():
@@ -504,6 +514,39 @@ class WrittenModel:
         return Counter(t.name for t in self.types.values())
 
 
+TensorData = Callable[[np.random.Generator, PlannedTensor, Q], np.ndarray]
+
+
+def write_planned_gguf(path: str | os.PathLike, arch: str, plan: Sequence[PlannedTensor], types: dict[str, Q],
+                       add_keys: Callable[[GGUFWriter], None], tensor_data: TensorData, *, seed: int,
+                       progress: Callable[[str], None] | None = None) -> WrittenModel:
+    """Write the tensors of `plan` (types from `types`, values from `tensor_data`) after the keys
+    `add_keys` adds, tensor by tensor. Each tensor's generator is seeded from the seed and its
+    name, so a file is a function of its arguments and cutting layers leaves the rest unchanged."""
+    start = time.perf_counter()
+    w = GGUFWriter(os.fspath(path), arch)
+    add_keys(w)
+    for t in plan:
+        _add_tensor_info(w, t, types[t.name])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for i, t in enumerate(plan):
+        rng = np.random.default_rng([seed, zlib.crc32(t.name.encode())])
+        w.write_tensor_data(tensor_data(rng, t, types[t.name]))
+        if progress:
+            progress(f"[{i + 1}/{len(plan)}] {t.name} {types[t.name].name}")
+    w.close()
+    written = Path(path)
+    return WrittenModel(written, written.stat().st_size, time.perf_counter() - start,
+                        {t.name: types[t.name] for t in plan})
+
+
+def check_file_type(file_type: str, allowed: Sequence[str] = tuple(FILE_TYPES)) -> None:
+    if file_type not in allowed:
+        raise ValueError(f"unknown --type {file_type!r} (choose from {', '.join(allowed)})")
+
+
 def write_random_model(shape_name: str, path: str | os.PathLike, file_type: str, *, seed: int = 0,
                        layers: int | None = None, overrides: Sequence[str] = (),
                        tokenizer_from: str | os.PathLike | None = None,
@@ -515,10 +558,8 @@ def write_random_model(shape_name: str, path: str | os.PathLike, file_type: str,
     from lamplight.sources import resolve_model
     from lamplight.tokenizer import Tokenizer
 
-    if file_type not in FILE_TYPES:
-        raise ValueError(f"unknown --type {file_type!r} (choose from {', '.join(FILE_TYPES)})")
+    check_file_type(file_type)
     shape = shape_for(shape_name, layers, overrides)
-    start = time.perf_counter()
     source = GGUFFile(resolve_model(tokenizer_from, progress=progress))
     tokenizer = Tokenizer.from_gguf(source)
     n_vocab = tokenizer.vocab_size
@@ -526,30 +567,19 @@ def write_random_model(shape_name: str, path: str | os.PathLike, file_type: str,
     types = tensor_types([(t.name, t.shape) for t in plan], file_type)
     gains = ascii_row_gains(tokenizer)
 
-    w = GGUFWriter(os.fspath(path), shape.arch)
-    w.add_name(f"random {shape_name}")
-    w.add_file_type(FILE_TYPES[file_type].ftype)
-    w.add_quantization_version(2)
-    add_arch_keys(w, shape.arch, arch_keys(shape, n_vocab))
-    _add_tokenizer_keys(w, source.metadata)
-    for t in plan:
-        _add_tensor_info(w, t, types[t.name])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for i, t in enumerate(plan):
-        rng = np.random.default_rng([seed, zlib.crc32(t.name.encode())])
+    def add_keys(w: GGUFWriter) -> None:
+        w.add_name(f"random {shape_name}")
+        w.add_file_type(FILE_TYPES[file_type].ftype)
+        w.add_quantization_version(2)
+        add_arch_keys(w, shape.arch, arch_keys(shape, n_vocab))
+        add_tokenizer_keys(w, source.metadata)
+
+    def tensor_data(rng: np.random.Generator, t: PlannedTensor, qtype: Q) -> np.ndarray:
         if t.kind == "matrix":
-            data = random_matrix(rng, types[t.name], *t.shape, MATRIX_STD, gains if t.head else None)
-        else:
-            data = _small_tensor(rng, t, shape)
-        w.write_tensor_data(data)
-        if progress:
-            progress(f"[{i + 1}/{len(plan)}] {t.name} {types[t.name].name}")
-    w.close()
-    written = Path(path)
-    return WrittenModel(written, written.stat().st_size, time.perf_counter() - start,
-                        {t.name: types[t.name] for t in plan})
+            return random_matrix(rng, qtype, *t.shape, MATRIX_STD, gains if t.head else None)
+        return _small_tensor(rng, t, shape)
+
+    return write_planned_gguf(path, shape.arch, plan, types, add_keys, tensor_data, seed=seed, progress=progress)
 
 
 def _add_tensor_info(w: GGUFWriter, t: PlannedTensor, qtype: Q) -> None:
@@ -560,42 +590,3 @@ def _add_tensor_info(w: GGUFWriter, t: PlannedTensor, qtype: Q) -> None:
         return
     byte_shape = (*t.shape[:-1], t.shape[-1] // block_values * block_bytes)
     w.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype)
-
-
-# -- command line -----------------------------------------------------------------------------------
-
-def add_write_model_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("shape", choices=list(SHAPES), metavar="SHAPE", help=f"one of {', '.join(SHAPES)}")
-    parser.add_argument("out", metavar="OUT.gguf", help="the file to write")
-    parser.add_argument("--type", dest="file_type", choices=list(FILE_TYPES), default="Q4_K_M",
-                        help="weight types, as llama-quantize's file type of that name (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="weight seed (default: %(default)s)")
-    parser.add_argument("--layers", type=int, metavar="N", help="cut the model to N layers")
-    parser.add_argument("--shape-override", action="append", default=[], metavar="FIELD=VALUE",
-                        help="change one size of the shape (e.g. n_embd=256, n_ff=512, tied=0); repeatable")
-    parser.add_argument("--tokenizer-from", metavar="ALIAS|PATH",
-                        help="GGUF whose tokenizer is copied (default: smollm2-135m-instruct)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="one line per tensor on stderr")
-    return parser
-
-
-def run_write_model(args: argparse.Namespace) -> int:
-    """`lamplight bench write-model`: returns the exit code."""
-    from lamplight.gguf.file import GGUFError
-    from lamplight.sources import ModelSourceError
-
-    progress = (lambda line: print(line, file=sys.stderr)) if args.verbose else None
-    try:
-        written = write_random_model(args.shape, args.out, args.file_type, seed=args.seed, layers=args.layers,
-                                     overrides=args.shape_override, tokenizer_from=args.tokenizer_from,
-                                     progress=progress)
-    except (ValueError, GGUFError) as exc:  # GGUFError is a ValueError; named for the reader
-        print(f"lamplight bench write-model: error: {exc}", file=sys.stderr)
-        return 2
-    except (OSError, ModelSourceError) as exc:
-        print(f"lamplight bench write-model: error: {exc}", file=sys.stderr)
-        return 1
-    mix = ", ".join(f"{name} x{n}" for name, n in sorted(written.type_counts().items()))
-    print(f"wrote {written.path}: {written.bytes / 2**20:.1f} MiB, {len(written.types)} tensors ({mix}) "
-          f"in {written.seconds:.1f} s")
-    return 0
