@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,3 +70,13 @@ def gemma3_path() -> Path:
     from lamplight.sources import resolve_model
 
     return resolve_model("gemma-3-270m")
+
+
+@pytest.fixture(scope="session")
+def smolvlm_text_model(smollm2_path, tmp_path_factory) -> Path:
+    """SmolLM2 with SmolVLM's image tokens, the text model of the idefics3 goldens, made once per
+    session by the reference folder's script (vision/README.md 1.1)."""
+    script = reference_path("vision/make_smolvlm_text_model.py")
+    path = tmp_path_factory.mktemp("smolvlm") / "SmolLM2-135M-Instruct-smolvlm-tokens.Q4_1.gguf"
+    subprocess.run([sys.executable, str(script), str(smollm2_path), str(path)], check=True, capture_output=True)
+    return path

@@ -5,8 +5,6 @@ server.jsonl), load-time checks, and the mlp projector's image through SmolLM2 (
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,6 +14,7 @@ from gguf import GGUFWriter
 
 from lamplight.gguf.file import GGUFError, GGUFFile
 from lamplight.gguf.quant import dequantize
+from lamplight.models.batch import SequenceChunk, build_forward_batch
 from lamplight.tokenizer import Tokenizer
 from lamplight.vision import (EmbeddingRows, TextSegment, assemble_prompt, count_positions,
                               decode_image, flatten_for_batch, load_vision_model)
@@ -35,13 +34,24 @@ def mmproj(projector_type: str):
 
 
 @pytest.fixture(scope="module")
-def text_models(smollm2_path, gemma3_path, tmp_path_factory):
-    """The text model each projector pairs with; idefics3's is SmolLM2 with SmolVLM's image tokens,
-    made by the reference folder's script (README 1.1) into a temporary folder."""
-    smolvlm = tmp_path_factory.mktemp("smolvlm") / "SmolLM2-135M-Instruct-smolvlm-tokens.Q4_1.gguf"
-    subprocess.run([sys.executable, str(VISION / "make_smolvlm_text_model.py"), str(smollm2_path), str(smolvlm)],
-                   check=True, capture_output=True)
-    return {"idefics3": smolvlm, "gemma3": gemma3_path, "mlp": smollm2_path}
+def text_models(smollm2_path, gemma3_path, smolvlm_text_model):
+    """The text model each projector pairs with; idefics3's is SmolLM2 with SmolVLM's image tokens."""
+    return {"idefics3": smolvlm_text_model, "gemma3": gemma3_path, "mlp": smollm2_path}
+
+
+@pytest.fixture(scope="module")
+def paired(text_models):
+    """Each projector type's text tokenizer and its projector loaded with it, made once per
+    module (reading a 49k-token vocabulary costs more than the checks that use it)."""
+    cache: dict[str, tuple[Tokenizer, object]] = {}
+
+    def get(projector_type: str):
+        if projector_type not in cache:
+            tok = tokenizer_of(text_models[projector_type])
+            cache[projector_type] = tok, load_vision_model(mmproj(projector_type), tokenize=text_tokenize(tok))
+        return cache[projector_type]
+
+    return get
 
 
 def tokenizer_of(path) -> Tokenizer:
@@ -104,13 +114,12 @@ def _prompt(model, tok, prompt: str, names: list[str]):
 
 
 @pytest.mark.real_model
-def test_layout_equals_llama_cpp_chunks(text_models):
+def test_layout_equals_llama_cpp_chunks(paired):
     """chunks.jsonl: for every (type, image) the same text tokens around the same image rows."""
     rows = load_jsonl("vision/chunks.jsonl")
     assert len(rows) == len(TYPES) * len(IMAGES)
     for row in rows:
-        tok = tokenizer_of(text_models[row["type"]])
-        model = load_vision_model(mmproj(row["type"]), tokenize=text_tokenize(tok))
+        tok, model = paired(row["type"])
         segments = _prompt(model, tok, INDEX["prompts"]["completion"], [row["image"]])
         want = [{"type": "text", "tokens": c["tokens"]} if c["type"] == "text"
                 else {"type": "image", "n_tokens": c["n_tokens"], "non_causal": c["non_causal"]} for c in row["chunks"]]
@@ -119,7 +128,7 @@ def test_layout_equals_llama_cpp_chunks(text_models):
 
 
 @pytest.mark.real_model
-def test_positions_equal_llama_server(text_models):
+def test_positions_equal_llama_server(paired):
     """server.jsonl: tokens_evaluated of every /completion with images (one, two, image first)."""
     checked = 0
     for rec in load_jsonl("vision/server.jsonl"):
@@ -128,8 +137,7 @@ def test_positions_equal_llama_server(text_models):
         if rec["case"] == "idefics3_with_plain_smollm2" or rec["case"].startswith("default_marker"):
             continue
         prompt = rec["request"]["prompt"]["prompt_string"]
-        tok = tokenizer_of(text_models[rec["type"]])
-        model = load_vision_model(mmproj(rec["type"]), tokenize=text_tokenize(tok))
+        tok, model = paired(rec["type"])
         segments = _prompt(model, tok, prompt, rec["image"].split("+"))
         assert count_positions(segments) == rec["response"]["tokens_evaluated"], (rec["type"], rec["case"])
         checked += 1
@@ -218,10 +226,10 @@ def test_text_model_is_not_a_projector(smollm2_path):
 
 
 @pytest.mark.real_model
-def test_encoding_does_not_depend_on_what_else_is_encoded(text_models):
-    """Reproducibility: an image's rows are the same bits alone, after another image, or again."""
-    tok = tokenizer_of(text_models["idefics3"])
-    model = load_vision_model(mmproj("idefics3"), tokenize=text_tokenize(tok))
+def test_encoding_does_not_depend_on_what_else_is_encoded(paired):
+    """Reproducibility: an image's rows are the same bits alone, after another image, or again
+    (on the module's shared projector, which the tests before have encoded with)."""
+    _, model = paired("idefics3")
     first, other = (model.plan(decode_image((VISION / "images" / n).read_bytes())) for n in IMAGES[:2])
     alone = model.encode(first)
     model.encode(other)
@@ -232,19 +240,40 @@ def test_encoding_does_not_depend_on_what_else_is_encoded(text_models):
     assert alone.n_positions == first.n_positions
 
 
+@pytest.fixture(scope="module")
+def smollm2_last_logprobs(smollm2_path):
+    """The last position's log-probabilities of SmolLM2 on the reference runner (loaded once for
+    the images below), with image rows overriding some positions' embeddings, or without any:
+    those are worked out once per token sequence (the images of one prompt share them when their
+    row counts agree)."""
+    from model_helpers import paged_state, runner_for
+
+    runner = runner_for(smollm2_path)
+    plain: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def last_logprobs(token_ids: list[int], overrides=None) -> torch.Tensor:
+        if overrides is None and tuple(token_ids) in plain:
+            return plain[tuple(token_ids)]
+        batch = build_forward_batch([SequenceChunk(token_ids, 0, list(range(len(token_ids))))])
+        batch.embedding_overrides = overrides
+        state, _ = paged_state(runner, num_blocks=4, block_size=32)
+        logprobs = torch.log_softmax(runner.run_batch(batch, state)[-1].double(), -1)
+        if overrides is None:
+            plain[tuple(token_ids)] = logprobs
+        return logprobs
+
+    return last_logprobs
+
+
 @pytest.mark.real_model
 @pytest.mark.parametrize("name", IMAGES)
-def test_mlp_image_through_smollm2(smollm2_path, name):
+def test_mlp_image_through_smollm2(paired, smollm2_last_logprobs, name):
     """The mlp projector's rows spliced into SmolLM2 (reference runner, float32 KV): the first
     generated step's top-10 log-probabilities against llama-server's precise records (README 6.3:
     its own servers differ by up to 0.34 nats here), top-1 equal where llama.cpp's margin is clear."""
-    from model_helpers import paged_state, runner_for
-
-    from lamplight.models.batch import SequenceChunk, build_forward_batch
-
     record = next(r for r in load_jsonl("vision/server.jsonl")
                   if r["type"] == "mlp" and r["case"] == "completion_precise" and r["image"] == name)
-    tok = tokenizer_of(smollm2_path)
+    tok, _ = paired("mlp")
     model = load_vision_model(mmproj("mlp"), text_n_embd=576, tokenize=text_tokenize(tok))
     texts = [text_tokenize(tok)(p) for p in record["request"]["prompt"]["prompt_string"].split(MARKER)]
     encoded = model.encode(model.plan(decode_image((VISION / "images" / name).read_bytes())))
@@ -252,11 +281,7 @@ def test_mlp_image_through_smollm2(smollm2_path, name):
     token_ids, rows, values = flatten_for_batch(segments, placeholder_id=0)
     assert len(token_ids) == record["response"]["tokens_evaluated"]
 
-    runner = runner_for(smollm2_path)
-    state, _ = paged_state(runner, num_blocks=4, block_size=32)
-    batch = build_forward_batch([SequenceChunk(token_ids, 0, list(range(len(token_ids))))])
-    batch.embedding_overrides = (torch.tensor(rows), values)
-    logprobs = torch.log_softmax(runner.run_batch(batch, state)[-1].double(), -1)
+    logprobs = smollm2_last_logprobs(token_ids, (torch.tensor(rows), values))
 
     top = record["response"]["completion_probabilities"][0]["top_logprobs"]
     diffs = [abs(logprobs[t["id"]].item() - t["logprob"]) for t in top]
@@ -266,7 +291,5 @@ def test_mlp_image_through_smollm2(smollm2_path, name):
     if margin > 0.3:
         assert int(logprobs.argmax()) == top[0]["id"]
     # The image matters: without its rows (placeholder tokens instead) the distribution moves.
-    plain = build_forward_batch([SequenceChunk(token_ids, 0, list(range(len(token_ids))))])
-    state, _ = paged_state(runner, num_blocks=4, block_size=32)
-    without = torch.log_softmax(runner.run_batch(plain, state)[-1].double(), -1)
+    without = smollm2_last_logprobs(token_ids)
     assert max(abs(without[t["id"]].item() - t["logprob"]) for t in top) > max(diffs)
