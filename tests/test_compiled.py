@@ -175,31 +175,41 @@ def test_decode_rows_beside_a_prompt_chunk_equal_a_decode_only_step(compiled):
 
 
 NEXT_START = """
-import sys, torch
+import json, os, sys, torch
 sys.path.insert(0, sys.argv[2])
+from lamplight.models.batch import SequenceChunk
 from model_helpers import runner_for
 decode = runner_for(sys.argv[1], "compiled")
 with torch.inference_mode():
     decode.warm_up(decode.new_state(512))
-    print(decode.run([SequenceChunk([42], 5, range(6))], decode.new_state(8))[0, :8].tolist())
+    logits = decode.run([SequenceChunk([42], 5, range(6))], decode.new_state(8))[0, :8].tolist()
+cache = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+mapped = sorted({line.split()[-1] for line in open("/proc/self/maps") if line.rstrip().endswith(".so")
+                 and line.split()[-1].startswith(cache)})
+print(json.dumps({"logits": logits, "kernels": mapped}))
 """
+
+
+def _next_start(path, inductor_cache) -> tuple[dict, str]:
+    """A new process starting on `path` with the module's inductor cache: (what it printed, its stderr)."""
+    out = subprocess.run([sys.executable, "-c", NEXT_START, str(path), str(Path(__file__).parent)], capture_output=True,
+                         text=True, timeout=600, env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
 
 
 def test_a_truncated_kernel_in_the_cache_is_compiled_again(compiled_files, inductor_cache):
     """A compile killed midway (Ctrl-C in the minutes of a first start) leaves a truncated kernel
     in inductor's cache, which inductor loads as it is at the next start ("file too short"):
-    that start's warm-up removes it, compiles it again and serves."""
-    path, _, kernels = compiled_files("llama")
-    assert kernels, "the warm-up compiled no kernel"
-    victim = max(kernels, key=lambda k: k.stat().st_size)
-    # A new file in its place (this process still maps the old one).
-    truncated = victim.with_suffix(".truncated")
+    that start's warm-up removes it, compiles it again and serves the same logits."""
+    path, _, _ = compiled_files("llama")
+    first, _ = _next_start(path, inductor_cache)  # a start that loads its kernels from the cache
+    assert first["kernels"], "the start loaded no kernel from the cache"
+    victim = Path(max(first["kernels"], key=lambda k: Path(k).stat().st_size))
+    truncated = victim.with_suffix(".truncated")  # a new file in its place (this process may map the old one)
     truncated.write_bytes(victim.read_bytes()[:64])
     truncated.replace(victim)
-    script = "from lamplight.models.batch import SequenceChunk\n" + NEXT_START
-    out = subprocess.run([sys.executable, "-c", script, str(path), str(Path(__file__).parent)], capture_output=True,
-                         text=True, timeout=600, env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache)})
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert f"truncated kernel ({victim})" in out.stderr or f"truncated kernel ({victim.resolve()})" in out.stderr
+    again, stderr = _next_start(path, inductor_cache)
+    assert f"truncated kernel ({victim.resolve()})" in stderr, stderr[-3000:]
     assert victim.stat().st_size > 64  # built again
-    assert len(json.loads(out.stdout.strip().splitlines()[-1])) == 8
+    assert again["logits"] == first["logits"]
