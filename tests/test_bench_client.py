@@ -390,3 +390,19 @@ def test_mounts_as_a_subcommand():
     args = parser.parse_args(["bench", "--url", "http://127.0.0.1:9", "--scenarios", "decode"])
     assert bench.prog.endswith("bench") and args.scenarios == [["decode"]]
     assert callable(args.bench_main)
+
+
+def test_set_overrides_any_scenario_size(tmp_path, capsys):
+    """--set FIELD=VALUE: one conversation of 3 turns with a 100-token system prompt."""
+    with FakeServer(FakeSpec(cache_slots=4)) as server:
+        code, report = run_bench(tmp_path, "--url", server.url, "--scenarios", "conversation", "--set",
+                                 "conversation_count=1", "--set", "conversation_turns=3",
+                                 "--set", "conversation_system_tokens=100")
+    assert code == 0
+    scenario = report["scenarios"][0]
+    assert (scenario["params"]["conversations"], scenario["params"]["turns"], scenario["params"]["system_tokens"]) == (1, 3, 100)
+    assert sorted(r["turn"] for r in scenario["requests"]) == [0, 1, 2]
+    for bad in ("conversation_count=0", "no_such_field=1", "ttft_lengths=a,b", "conversation_turns"):
+        with pytest.raises(SystemExit):
+            main(["--url", server.url, "--set", bad])
+        assert "--set" in capsys.readouterr().err

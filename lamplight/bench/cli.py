@@ -50,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              f"{_join(DEFAULT_CONFIG.concurrency_levels)})")
     parser.add_argument("--ttft-lengths", type=_int_list, metavar="N,N,...",
                         help=f"prompt lengths (default: {_join(DEFAULT_CONFIG.ttft_lengths)})")
+    parser.add_argument("--set", dest="config_overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        type=_config_override,
+                        help="any size of the scenarios (e.g. conversation_count=1, conversation_turns=4, "
+                             f"decode_max_tokens=64; lists as 1,2,3), repeatable; the fields: {', '.join(_CONFIG_FIELDS)}")
     parser.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     engine = parser.add_argument_group("in-process engine figures (--engine)")
     engine.add_argument("--engine", action="store_true",
@@ -199,9 +203,27 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
     )
 
 
+_CONFIG_FIELDS = [f.name for f in dataclasses.fields(BenchConfig)]
+
+
+def _config_override(text: str) -> tuple[str, object]:
+    """"FIELD=VALUE" of BenchConfig, the value parsed as the field's default's type."""
+    key, sep, value = text.partition("=")
+    if not sep or key not in _CONFIG_FIELDS:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected FIELD=VALUE with FIELD one of {', '.join(_CONFIG_FIELDS)}")
+    default = getattr(DEFAULT_CONFIG, key)
+    try:
+        parsed = _int_list(value) if isinstance(default, tuple) else type(default)(value)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"{text!r}: {key} takes {type(default).__name__} values") from None
+    if min(parsed if isinstance(parsed, tuple) else (parsed,)) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: {key} must be at least 1")
+    return key, parsed
+
+
 def _config(args: argparse.Namespace) -> BenchConfig:
     config = QUICK_CONFIG if args.quick else DEFAULT_CONFIG
-    overrides = {}
+    overrides = dict(getattr(args, "config_overrides", []) or [])
     if args.concurrency:
         overrides["concurrency_levels"] = args.concurrency
     if args.ttft_lengths:
