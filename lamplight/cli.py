@@ -144,7 +144,8 @@ def checkpoint_line(engine) -> str:
     store = engine.checkpoints
     most = per_sequence * engine.n_parallel * store.max_per_slot
     return (f"recurrent state: {per_sequence / 2**20:.1f} MiB per slot and per checkpoint; up to {store.max_per_slot} "
-            f"checkpoints per slot every {store.interval} tokens (--ctx-checkpoints, --checkpoint-min-step): at most "
+            f"checkpoints per slot every {store.interval} tokens, {store.reply_interval} in replies (--ctx-checkpoints, "
+            f"--checkpoint-min-step): at most "
             f"{most / 2**20:.0f} MiB for {engine.n_parallel} slots")
 
 

@@ -724,7 +724,8 @@ FLAG_GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
              "--checkpoint-min-step - 1 tokens of their prefix; 0: none (a follow-up that diverges re-reads its "
              "prompt)", 8, int, to="engine.ctx_checkpoints", env="LLAMA_ARG_CTX_CHECKPOINTS", metavar="N"),
         Flag(("-cms", "--checkpoint-min-step"), "tokens between two checkpoints of a recurrent model's state "
-             "(positions that are multiples of N, in prompts and replies)", 256, int, to="engine.checkpoint_interval",
+             "(positions that are multiples of N, in prompts and replies; replies also every 32 tokens, and a prompt "
+             "4 tokens before its end)", 256, int, to="engine.checkpoint_interval",
              env="LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT", metavar="N"),
     )),
     ("speculative decoding (refused: not yet)", (

@@ -102,6 +102,40 @@ def test_checkpoints_in_generated_text_serve_an_edited_reply(engine):
     assert second.token_ids == fresh.token_ids
 
 
+def test_a_reply_rendered_otherwise_resumes_before_the_generation_prompt(engine):
+    """The next turn renders the previous reply otherwise from its first token (a template that
+    strips the thinking): it resumes PROMPT_END_OFFSET tokens before the previous prompt's end,
+    not at the last interval (llama-server keeps that checkpoint too)."""
+    from lamplight.engine.checkpoints import PROMPT_END_OFFSET
+
+    first_prompt = tokens(45, 13)
+    first = run(engine, GenerationRequest(first_prompt, GREEDY, n_predict=6, id_slot=0))
+    follow_up = first_prompt + [t for t in tokens(9, 14) if t != first.token_ids[0]]
+    second = run(engine, GenerationRequest(follow_up, GREEDY, n_predict=6, id_slot=0))
+    fresh = run(engine, GenerationRequest(follow_up, GREEDY, n_predict=6, id_slot=1, cache_prompt=False))
+    assert second.n_cached == len(first_prompt) - PROMPT_END_OFFSET  # 41, where the last interval is 32
+    assert second.token_ids == fresh.token_ids
+
+
+def test_replies_are_checkpointed_more_often_than_prompts(hybrid):
+    """With 64-token intervals a reply is still snapshot every REPLY_INTERVAL (32) tokens: a
+    follow-up whose text diverges inside a long reply re-reads less of it."""
+    from lamplight.engine.checkpoints import REPLY_INTERVAL
+
+    eng = make_engine(hybrid, checkpoint_interval=64, ctx_checkpoints=4)
+    try:
+        prompt = tokens(10, 15)
+        first = run(eng, GenerationRequest(prompt, GREEDY, n_predict=60, id_slot=0))
+        history = prompt + list(first.token_ids)
+        follow_up = history[:50] + [t for t in tokens(7, 16) if t != history[50]]
+        second = run(eng, GenerationRequest(follow_up, GREEDY, n_predict=6, id_slot=0))
+        fresh = run(eng, GenerationRequest(follow_up, GREEDY, n_predict=6, id_slot=1, cache_prompt=False))
+    finally:
+        eng.stop()
+    assert second.n_cached == REPLY_INTERVAL  # 32: inside the reply, where prompts' checkpoints are 64 apart
+    assert second.token_ids == fresh.token_ids
+
+
 def test_chunk_size_changes_nothing(hybrid):
     prompt = tokens(70, 7)
     finals = []

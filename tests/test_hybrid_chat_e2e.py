@@ -45,6 +45,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from test_server_support import ServerThread
 
 import lamplight
+from lamplight.engine.checkpoints import PROMPT_END_OFFSET, REPLY_INTERVAL
 from lamplight.server import ServerSettings, ServerState
 from lamplight.server.launcher import EngineOptions, build_engine
 
@@ -278,13 +279,19 @@ def test_follow_up_renders_the_result_and_resumes_from_a_checkpoint(first_turn, 
     for turn in served.family.turns(json.loads(call.function.arguments), reasoning or ""):
         assert turn in prompt
     # The slot held the first prompt and the reply but its last token; the template re-renders
-    # the reply, so the two part inside it: the turn resumes from the last checkpoint before.
-    held = _prompt_ids(served, response) + [token.id for token in response.choices[0].logprobs.content][:-1]
+    # the reply, so the two part inside it: the turn resumes from the last checkpoint before
+    # (lamplight.engine.checkpoints: multiples of INTERVAL, 4 tokens before the first prompt's
+    # end, multiples of the reply interval inside the reply).
+    first_prompt = _prompt_ids(served, response)
+    held = first_prompt + [token.id for token in response.choices[0].logprobs.content][:-1]
     ids = _prompt_ids(served, follow_up)
     common = next((i for i, (a, b) in enumerate(zip(held, ids)) if a != b), min(len(held), len(ids)))
     assert common < len(held)
+    reply_interval = min(INTERVAL, REPLY_INTERVAL)
+    checkpoints = {n for n in range(1, len(held) + 1) if n % INTERVAL == 0 or n == len(first_prompt) - PROMPT_END_OFFSET
+                   or (n > len(first_prompt) and n % reply_interval == 0)}
     cached = follow_up.usage.prompt_tokens_details.cached_tokens
-    assert cached == follow_up.model_extra["timings"]["cache_n"] == common // INTERVAL * INTERVAL > 0
+    assert cached == follow_up.model_extra["timings"]["cache_n"] == max(n for n in checkpoints if n <= common) > 0
 
     fresh = served.client.chat.completions.create(**{**body, "messages": messages, "max_tokens": 4,
                                                      "extra_body": {**body["extra_body"], "cache_prompt": False}})

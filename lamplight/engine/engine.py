@@ -331,7 +331,7 @@ class Engine:
         """Snapshot the recurrent state of every sequence whose chunk ended on a checkpoint position."""
         for seq, chunk in plan:
             end = chunk.start_pos + len(chunk.token_ids)
-            if self.checkpoints.is_boundary(end) and not seq.handle.failed:
+            if self.checkpoints.is_boundary(end, seq.n_prompt) and not seq.handle.failed:
                 snapshot = Checkpoint(end, self.state.snapshot(seq.slot_id))
                 self.checkpoints.add(seq.slot_id, snapshot, protect_until=seq.n_prompt)
 
@@ -419,7 +419,7 @@ class Engine:
             start = seq.n_computed
             end = start + min(seq.pending_prompt(), budget)
             if self.checkpoints is not None:
-                end = self.checkpoints.chunk_end(start, end)
+                end = self.checkpoints.chunk_end(start, end, seq.n_prompt)
             end = seq.prompt_chunk_end(start, end)
             seq.table.make_last_block_private()  # the cached prefix may end in a block shared with another slot
             seq.table.reserve(end)
