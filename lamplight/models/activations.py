@@ -6,8 +6,10 @@ native forward in lamplight.native) maps the same name to its own implementation
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -42,12 +44,29 @@ def gelu_tanh_glu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return aligned(_gelu_tanh, gate) * up
 
 
-def gelu_tanh_fp16_table(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+@functools.lru_cache(maxsize=None)
+def _fp16_gelu_table(device: torch.device) -> torch.Tensor:
+    """ggml's GELU table: for each of the 65536 fp16 bit patterns (indexed as uint16), the tanh
+    GELU of that value rounded to fp16, as float32; zero at -10 and below."""
+    values = torch.arange(65536, dtype=torch.int32).to(torch.uint16).view(torch.float16).float()
+    table = aligned(_gelu_tanh, values).half().float()
+    table[values <= -10.0] = 0.0
+    return table.to(device)
+
+
+def gelu_tanh_fp16_table(gate: torch.Tensor, up: torch.Tensor | float) -> torch.Tensor:
     """GeGLU as ggml's CPU computes it: GELU (tanh form) looked up in a table indexed by the
-    input rounded to fp16 and holding fp16 results; identity above 10, zero below -10 (gemma2)."""
-    g = aligned(_gelu_tanh, gate.half().float()).half().float()
-    g = torch.where(gate >= 10.0, gate, torch.where(gate <= -10.0, torch.zeros_like(gate), g))
-    return g * up
+    input rounded to fp16 and holding fp16 results; identity from 10 up, zero at -10 and below
+    (gemma2, BERT's FFN). A real lookup: on the CPU numpy's take, 2.6x faster than computing
+    the GELU again on 12M values (torch's gather is slower than that)."""
+    table = _fp16_gelu_table(gate.device)
+    bits = gate.half().contiguous()
+    if gate.device.type == "cpu" and not torch.compiler.is_compiling():
+        g = torch.from_numpy(np.take(table.numpy(), bits.numpy().view(np.uint16)))
+    else:
+        g = table[bits.view(torch.uint16).int()]
+    g = torch.where(gate >= 10.0, gate, g)
+    return g if isinstance(up, float) and up == 1.0 else g * up
 
 
 def swiglu_oai(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
