@@ -604,3 +604,38 @@ def test_a_projector_that_does_not_fit_is_a_start_up_error(smollm2_path, gemma3_
         load(gemma3_path, "mlp")
     with pytest.raises(StartupError, match=r"--mmproj: .*no token '<start_of_image>'"):
         load(smollm2_path, "gemma3")
+
+
+def test_the_encoder_runs_on_the_servers_threads_and_leaves_the_engines_alone():
+    """With the native runner the process keeps PyTorch at one thread (its ops run beside the
+    native pool); a request thread encodes an image on the -t threads (MediaOptions.threads)
+    and goes back to one, and no other thread's count changes."""
+    import torch
+
+    from lamplight.server.media import MediaInput, MediaOptions
+
+    class FakeVision:
+        seen: list[int] = []
+
+        def plan(self, image):
+            return image
+
+        def encode(self, plan):
+            self.seen.append(torch.get_num_threads())
+            return object()
+
+    png = (reference_path("vision/images") / "square_64.png").read_bytes()
+    media = MediaInput(FakeVision(), tokenizer=None, options=MediaOptions(threads=2))
+    counts = {}
+
+    def request_thread():
+        torch.set_num_threads(1)  # as dedicate_threads_to_native leaves it
+        media._encode(png, "image 0")
+        counts["after"] = torch.get_num_threads()
+
+    before = torch.get_num_threads()
+    worker = threading.Thread(target=request_thread)
+    worker.start()
+    worker.join()
+    assert FakeVision.seen == [2] and counts["after"] == 1
+    assert torch.get_num_threads() == before

@@ -102,7 +102,12 @@ def load_media(loaded: Any, options: EngineOptions, say: Callable[[str], None]) 
     if options.image_min_tokens >= 0 or options.image_max_tokens >= 0:
         say(f"--image-min-tokens / --image-max-tokens: the {config.projector_type} projector lays every image out "
             "in a fixed number of positions; they take effect only for projector types that resize to a token budget")
-    return MediaInput(vision, tokenizer, MediaOptions(options.media_path, options.media_allow_urls))
+    import torch
+
+    # The threads PyTorch has now (-t, set before loading), before the native runner's engine
+    # keeps it at one (dedicate_threads_to_native): the encoder's.
+    return MediaInput(vision, tokenizer, MediaOptions(options.media_path, options.media_allow_urls,
+                                                      threads=torch.get_num_threads()))
 
 
 def hub_mmproj(model_path: str | Path, say: Callable[[str], None]) -> Path | None:
