@@ -10,9 +10,9 @@ and idle models going to sleep.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +21,7 @@ import time
 
 import httpx
 import pytest
+from conftest import reference_path
 from tiny_gguf import write_tiny_llama
 
 from lamplight.cli import build_parser
@@ -42,12 +43,16 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory):
-    """a.gguf, a folder b/ with its model and an mmproj file, and a file that is no GGUF."""
+    """a.gguf, a folder b/ with its model and its projector (a tiny random LLaVA mlp one), and a
+    file that is no GGUF."""
+    from lamplight.bench.random_mmproj import write_random_mmproj
+
     root = tmp_path_factory.mktemp("models")
     write_tiny_llama(root / "a.gguf", seed=1)
     (root / "b").mkdir()
     write_tiny_llama(root / "b" / "b-Q8_0.gguf", seed=2)
-    shutil.copy(root / "a.gguf", root / "b" / "mmproj-b-f16.gguf")
+    write_random_mmproj("siglip-b16-mlp", root / "b" / "mmproj-b-f16.gguf", "F16", layers=2,
+                        overrides=["image_size=32", "n_embd=64", "n_ff=128", "n_head=2", "text_n_embd=64"])
     (root / "broken.gguf").write_bytes(b"not a model")
     return root
 
@@ -313,4 +318,10 @@ def test_idle_models_sleep_and_wake_on_the_next_request(manual_router):
     # autoload is off, but a sleeping model is woken by the next request that needs it
     woken = http.post("/completion", json={"model": "b", "prompt": "x", "n_predict": 1})
     assert woken.status_code == 200, woken.text
+    # b's folder holds its projector: its server took it (--mmproj) and reads an image
+    assert http.get("/props", params={"model": "b"}).json()["modalities"]["vision"] is True
+    png = (reference_path("vision/images") / "square_64.png").read_bytes()
+    seen = http.post("/completion", json={"model": "b", "n_predict": 1, "prompt": {
+        "prompt_string": "look: <__media__> ok", "multimodal_data": [base64.b64encode(png).decode()]}})
+    assert seen.status_code == 200 and seen.json()["tokens_evaluated"] > 6, seen.text
     assert manual_router.statuses()["b"] == "loaded" and http.get("/props", params={"model": "b"}).json()["is_sleeping"] is False

@@ -37,7 +37,7 @@ class ModelEntry:
     source: str  # "models_dir", "cache" or "preset"
     path: str | None = None  # the GGUF (a split model's first part); None for a preset's hf-repo
     hf_repo: str | None = None
-    mmproj: str | None = None  # listed; lamplight does not serve vision models yet
+    mmproj: str | None = None  # the projector in the model's folder: its server loads it (--mmproj)
     preset: Preset = field(default_factory=lambda: Preset(""))  # its section, when the file has one
     problem: str | None = None  # why it cannot be loaded (an unreadable file...), else None
 

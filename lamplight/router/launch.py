@@ -266,8 +266,12 @@ def child_command(entry: ModelEntry, port: int, flags: Flags) -> list[str]:
 
 
 def serve_argv_of(entry: ModelEntry, flags: Flags) -> list[str]:
-    """The serve flags of the model's server: `-m FILE --alias NAME <flags>` (on Ray, its replicas')."""
+    """The serve flags of the model's server: `-m FILE [--mmproj PROJECTOR] --alias NAME <flags>`
+    (on Ray, its replicas'). The projector found beside the model in its folder is loaded, as
+    llama-server's router does, unless the flags name one or say --no-mmproj."""
     source = ["-m", entry.path] if entry.path else ["-hf", entry.hf_repo]
+    if entry.mmproj and not {"mmproj", "no_mmproj"} & flags.keys():
+        source += ["--mmproj", entry.mmproj]
     return [*source, "--alias", entry.name, *(token for setting in flags.values() for token in setting)]
 
 
