@@ -110,13 +110,16 @@ def _serve_one_model(args: argparse.Namespace) -> int:
         if problem is not None:
             raise StartupError(problem)
         _info(f"kernels: {loaded.kernels}")
-        engine = build_engine(loaded, options)
+        engine = build_engine(loaded, options, _info)
         _info(f"memory: {memory_line(loaded, engine)}")
         if engine.checkpoints is not None:
             _info(checkpoint_line(engine))
         for adapter in engine.lora_json():
             _info(f"LoRA adapter {adapter['id']}: {adapter['path']} (scale {adapter['scale']:g})")
-        _info(f"model {loaded.name} ready: {engine.n_parallel} slots of {engine.n_ctx_slot} tokens")
+        shared = engine.config.kv_unified
+        _info(f"model {loaded.name} ready: {engine.n_parallel} slots "
+              + (f"sharing {engine.config.n_ctx} tokens of KV (a sequence up to {engine.n_ctx_slot})" if shared
+                 else f"of {engine.n_ctx_slot} tokens"))
         return loaded, engine
 
     def _load_with_embedder(args, options, settings, embed_only: bool):

@@ -33,7 +33,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-MAX_DEFAULT_CTX = 4096  # `-c 0` takes the model's training context, but not more than this
+MAX_DEFAULT_CTX = 4096  # the context of an engine built without one (the library's EngineConfig)
+# `-c 0` (the default) takes the model's training context, the KV cache of which may take at most
+# this share of the memory available at start-up (the start-up log says which).
+CTX_MEMORY_SHARE = 0.5
 AUTO_PARALLEL = 4  # `-np -1` (llama-server's default, "auto"): 4 slots, as llama-server picks
 CACHE_TYPE_NAMES = ("f32", "f16", "bf16")  # `-ctk/-ctv` values (lamplight.engine.config.CACHE_TYPES)
 # llama.cpp's spellings of a boolean environment variable (common/arg.cpp is_truthy / is_falsey).
@@ -440,10 +443,11 @@ FLAG_GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
                        "--vision-gemma-12b-default")),
     )),
     ("engine", (
-        Flag(("-c", "--ctx-size"), f"total context, split across slots; 0 = from the model, at most {MAX_DEFAULT_CTX}",
+        Flag(("-c", "--ctx-size"), "total context (the KV pool's tokens); 0 = the model's training context, its "
+             f"KV cache at most {CTX_MEMORY_SHARE:.0%} of the memory available at start-up",
              0, int, to="engine.n_ctx", env="LLAMA_ARG_CTX_SIZE", metavar="N"),
-        Flag(("-np", "--parallel"), f"number of slots, -1 = auto ({AUTO_PARALLEL})", AUTO_PARALLEL, slot_count,
-             to="engine.n_parallel", convert=_auto_parallel, env="LLAMA_ARG_N_PARALLEL", metavar="N"),
+        Flag(("-np", "--parallel"), f"number of slots, -1 = auto ({AUTO_PARALLEL}, sharing one KV pool: --kv-unified)",
+             -1, slot_count, to="engine.n_parallel", convert=_auto_parallel, env="LLAMA_ARG_N_PARALLEL", metavar="N"),
         Flag(("-b", "--batch-size"), "logical batch size", 2048, int, to="engine.n_batch", env="LLAMA_ARG_BATCH",
              metavar="N"),
         Flag(("-ub", "--ubatch-size"), "tokens per forward step", 512, int, to="engine.n_ubatch",
@@ -713,8 +717,12 @@ FLAG_GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         _refused(("--video-ffmpeg-dir",), _VIDEO, "DIR", env="LLAMA_ARG_VIDEO_FFMPEG_DIR"),
     )),
     ("KV cache, prompt cache and state checkpoints", (
-        _refused(("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"), "not yet: the shared KV pool across slots "
-                 "is being added to lamplight (each slot has its share of -c today)", env="LLAMA_ARG_KV_UNIFIED"),
+        _switch(("-kvu", "--kv-unified"), "one KV pool shared by the slots: a sequence may hold the whole context "
+                "while there is room (idle slots' caches give way, the newest running sequences are preempted and "
+                "computed again); the default with -np auto", "engine.kv_unified", "kv_unified", True, None,
+                env="LLAMA_ARG_KV_UNIFIED", shown_default="on with -np auto (-1), else off"),
+        _switch(("-no-kvu", "--no-kv-unified"), "each slot its own share of -c (-c / -np tokens)",
+                "engine.kv_unified", "kv_unified", False, None),
         _refused(("--kv-unified-per-slot",), "not yet: the shared KV pool across slots", "N",
                  env="LLAMA_ARG_KV_UNIFIED_PER_SLOT"),
         _refused(("-cram", "--cache-ram"), "not yet: a host-memory prompt cache beyond the slots' KV", "N",

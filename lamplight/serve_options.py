@@ -22,7 +22,10 @@ def serve_parser() -> argparse.ArgumentParser:
 def engine_options(args: argparse.Namespace):
     from lamplight.server.launcher import EngineOptions
 
-    return EngineOptions(**settings_from(args, "engine"))
+    engine = settings_from(args, "engine")
+    if engine["kv_unified"] is None:  # llama-server's rule: one pool when the slots are auto (-np -1)
+        engine["kv_unified"] = args.parallel == -1
+    return EngineOptions(**engine)
 
 
 def server_settings(args: argparse.Namespace):

@@ -224,7 +224,7 @@ def test_counts_and_the_readme_section_are_the_generated_table(capsys):
 def test_recorded_command_line_parses_into_llama_servers_meaning(clean_env):
     args = parse(RECORDED.format(model="model.gguf", port=8080).split())
     engine, settings = engine_options(args), server_settings(args)
-    assert (engine.n_ctx, engine.n_parallel) == (4096, 4)  # -np -1: auto, 4 slots
+    assert (engine.n_ctx, engine.n_parallel, engine.kv_unified) == (4096, 4, True)  # -np -1: auto, 4 slots, one pool
     assert (settings.host, settings.port, settings.metrics, settings.slots_endpoint, settings.webui) == \
         ("127.0.0.1", 8080, True, True, False)
     assert settings.sampling_defaults == {"seed": 7, "temperature": 0.7}
@@ -250,7 +250,8 @@ def test_recorded_command_line_serves_a_tiny_model(tmp_path):
     try:
         wait_for_status(f"{base}/health", 200)
         meta = httpx.get(f"{base}/v1/models").json()["data"][0]
-        assert meta["id"] == "compose-model" and meta["meta"]["n_ctx"] == 4096 // 4  # -c wins over its variable
+        # -c wins over its variable; -np auto: one pool, a sequence up to all of it, capped by the model's 2048
+        assert meta["id"] == "compose-model" and meta["meta"]["n_ctx"] == 2048
         props = httpx.get(f"{base}/props").json()
         params = props["default_generation_settings"]["params"]
         assert (props["total_slots"], params["seed"], params["top_k"], params["n_predict"]) == (4, 7, 5, 3)
@@ -314,10 +315,12 @@ def test_a_bad_or_refused_variable_is_one_line_naming_it(clean_env, capsys, name
 
 
 def test_a_refused_switch_set_off_is_no_refusal(clean_env):
-    clean_env.setenv("LLAMA_ARG_KV_UNIFIED", "0")
+    """--skip-chat-parsing is refused; its variable set off means --no-skip-chat-parsing, accepted."""
+    clean_env.setenv("LLAMA_ARG_SKIP_CHAT_PARSING", "0")
     clean_env.setenv("LLAMA_ARG_KV_OFFLOAD", "off")
-    assert accepted_notes(parse([])) == ["LLAMA_ARG_KV_OFFLOAD=off: lamplight keeps the KV cache on the model's "
-                                         "device"]
+    assert sorted(accepted_notes(parse([]))) == [
+        "LLAMA_ARG_KV_OFFLOAD=off: lamplight keeps the KV cache on the model's device",
+        "LLAMA_ARG_SKIP_CHAT_PARSING=0: lamplight parses chat replies (the default)"]
 
 
 # -- refusals, unknown flags, values -----------------------------------------------------------
@@ -325,7 +328,7 @@ def test_a_refused_switch_set_off_is_no_refusal(clean_env):
 @pytest.mark.parametrize("argv, message", [
     (["--mmproj-url", "x"], "--mmproj-url: not yet in lamplight: download the projector first"),
     (["--video-fps", "1"], "--video-fps: not yet: video input (images are supported: --mmproj)"),
-    (["-kvu"], "-kvu: not yet: the shared KV pool across slots is being added to lamplight"),
+    (["--kv-unified-per-slot", "2"], "--kv-unified-per-slot: not yet: the shared KV pool across slots"),
     (["--cache-ram", "0"], "--cache-ram: not yet: a host-memory prompt cache beyond the slots' KV"),
     (["-md", "draft.gguf"], "-md: not yet: lamplight has no speculative decoding"),
     (["--draft", "16"], "--draft: the argument has been removed from llama-server (use --spec-draft-n-max)"),
@@ -336,6 +339,15 @@ def test_a_refused_flag_is_one_line_naming_it(clean_env, capsys, argv, message):
         parse(["-c", "512", *argv, "-np", "2"])
     err = capsys.readouterr().err
     assert info.value.code == 2 and err.startswith(f"lamplight serve: error: {message}") and err.count("\n") == 1
+
+
+def test_one_kv_pool_when_the_slots_are_auto_as_llama_server(clean_env):
+    """-kvu is on by default only with -np auto (-1, the default); -kvu / -no-kvu / its variable decide."""
+    unified = lambda argv: engine_options(parse(argv)).kv_unified  # noqa: E731
+    assert unified([]) is True and unified(["-np", "-1"]) is True
+    assert unified(["-np", "2"]) is False and unified(["-np", "2", "-kvu"]) is True and unified(["-no-kvu"]) is False
+    clean_env.setenv("LLAMA_ARG_KV_UNIFIED", "1")
+    assert unified(["-np", "2"]) is True and unified(["-np", "2", "--no-kv-unified"]) is False
 
 
 def test_unknown_flags_stay_an_error_naming_them(clean_env, capsys):

@@ -32,7 +32,8 @@ def test_help_lists_every_flag_with_its_help_and_default(capsys):
         # Without any white space: argparse may also break a line after a hyphen.
         assert "".join(flag.help_text().replace("%%", "%").split()) in "".join(text.split()), flag.names
     assert "--temp N, --temperature N default temperature (default: 0.8) (env: LLAMA_ARG_TEMPERATURE)" in words
-    assert "-np N, --parallel N number of slots, -1 = auto (4) (default: 4) (env: LLAMA_ARG_N_PARALLEL)" in words
+    assert ("-np N, --parallel N number of slots, -1 = auto (4, sharing one KV pool: --kv-unified) (default: -1) "
+            "(env: LLAMA_ARG_N_PARALLEL)") in words
 
 
 def test_every_setting_a_flag_names_exists():

@@ -52,7 +52,7 @@ def test_serve_flags_use_llama_server_names():
     options = engine_options(args)
     assert (options.cache_type_k, options.cache_type_v, options.compile) == ("f16", "bf16", True)
     defaults = build_parser().parse_args(["serve"])
-    assert (defaults.model, defaults.host, defaults.port, defaults.parallel) == ("smollm2-135m-instruct", "127.0.0.1", 8080, 4)
+    assert (defaults.model, defaults.host, defaults.port, defaults.parallel) == ("smollm2-135m-instruct", "127.0.0.1", 8080, -1)
 
 
 def test_bench_and_pull_are_mounted(capsys):

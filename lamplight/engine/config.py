@@ -18,8 +18,12 @@ CACHE_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat1
 class EngineConfig:
     """The defaults of the settings a serve flag sets are the flag's (lamplight.serve_flags)."""
 
-    n_ctx: int = MAX_DEFAULT_CTX  # total KV context, split evenly across slots (as `-c 0` on a long model)
+    n_ctx: int = MAX_DEFAULT_CTX  # total KV context: the pool's tokens
     n_parallel: int = default_of("engine.n_parallel")  # slots
+    # One pool shared by the slots (llama-server's --kv-unified): a sequence may hold up to n_ctx
+    # tokens while there is room, idle slots' cached tokens give way, and a running sequence
+    # that finds no room is preempted (lamplight.engine.kv_room). Off: n_ctx split evenly.
+    kv_unified: bool = False
     # logical batch (accepted as in llama-server; the step budget is n_ubatch)
     n_batch: int = default_of("engine.n_batch")
     n_ubatch: int = default_of("engine.n_ubatch")  # tokens per forward step: decode tokens first, then prompt chunks
@@ -43,7 +47,8 @@ class EngineConfig:
 
     @property
     def n_ctx_slot(self) -> int:
-        return self.n_ctx // self.n_parallel
+        """The most tokens one sequence holds."""
+        return self.n_ctx if self.kv_unified else self.n_ctx // self.n_parallel
 
     def validate(self) -> None:
         if self.n_parallel < 1:

@@ -38,6 +38,7 @@ from .config import EngineConfig
 from .handle import RequestHandle
 from ..state import StateSpec
 from .kv_cache import KVCache
+from .kv_room import KVRoom
 from .lora_sets import LoraSets, one_lora_set
 from .scheduler import Scheduler
 from .sequence import Sequence, SeqState
@@ -70,10 +71,8 @@ class Engine:
         self.config.validate()
         cfg = self.config
         self.n_parallel = cfg.n_parallel
-        self.n_ctx_slot = min(cfg.n_ctx_slot, runner.config.n_ctx_train)
-        blocks_per_slot = -(-self.n_ctx_slot // cfg.block_size)
-        # One spare block per slot for copy-on-write of a shared partial block (n > 1 choices).
-        num_tokens = (blocks_per_slot * cfg.n_parallel + cfg.n_parallel) * cfg.block_size
+        self.n_ctx_slot = min(cfg.n_ctx_slot, runner.config.n_ctx_train)  # the most tokens a sequence holds
+        num_tokens = pool_tokens(cfg, self.n_ctx_slot)
         spec = runner.state_spec
         check_recurrent_options(spec, cfg)
         check_kv_fits(spec, num_tokens, cfg)
@@ -85,6 +84,7 @@ class Engine:
         self.cache = KVCache(self.state.kv, cfg.block_size)
         runner.warm_up(self.state)
         self.slots = [Slot(i, self.cache) for i in range(cfg.n_parallel)]
+        self.room = KVRoom(self.cache, self.slots, self.checkpoints)
         self.scheduler = Scheduler(self.slots, cfg.queue_size, cfg.slot_prompt_similarity)
         self.active: list[RequestHandle] = []
         self._wakeup = threading.Event()
@@ -355,7 +355,10 @@ class Engine:
             seq.table.num_tokens = chunk.start_pos + len(chunk.token_ids)
             if seq.state == SeqState.PREFILL:
                 self.stats["prompt_tokens"] += len(chunk.token_ids)
-                self._progress(seq)
+                if seq.resume_to is None:
+                    self._progress(seq)
+                elif seq.n_computed == seq.resume_to:  # computed again up to where it was preempted
+                    seq.resume_to, seq.state = None, SeqState.DECODE
             if chunk.need_logits:
                 for target in self._guarded(seq.handle, self._sampling_targets, seq, default=[]):
                     sampled_seqs.append(target)
@@ -402,32 +405,71 @@ class Engine:
         return kept, torch.cat(rows) if rows else None
 
     def _plan_step(self) -> list[tuple[Sequence, SequenceChunk]]:
-        budget = self.config.n_ubatch
-        plan: list[tuple[Sequence, SequenceChunk]] = []
-        running = self._sequences_of_one_lora_set()
-        for seq in running:
-            if seq.state == SeqState.DECODE:
-                if seq.needs_context_shift():
-                    self._shift_context(seq)
-                    if seq.state == SeqState.DONE:
-                        continue
-                plan.append((seq, self._decode_chunk(seq)))
-                budget -= 1
-        for seq in running:
-            if seq.state != SeqState.PREFILL or budget <= 0:
-                continue
-            start = seq.n_computed
-            end = start + min(seq.pending_prompt(), budget)
-            if self.checkpoints is not None:
-                end = self.checkpoints.chunk_end(start, end, seq.n_prompt)
-            end = seq.prompt_chunk_end(start, end)
-            seq.table.make_last_block_private()  # the cached prefix may end in a block shared with another slot
-            seq.table.reserve(end)
-            chunk = SequenceChunk(seq.tokens[start:end], start, seq.table.slots(0, end), need_logits=end == seq.n_prompt,
-                                  state_slot=seq.slot_id, given_rows=seq.given_rows(start, end))
-            plan.append((seq, chunk))
-            budget -= end - start
-        return plan
+        """The step: a decode token of every generating sequence, then prompt chunks in arrival
+        order up to the token budget, each only as far as the KV pool has room (kv_room: idle
+        slots' caches give way first, then the newest running sequences)."""
+        while True:
+            running = self._sequences_of_one_lora_set()
+            self._room_for_decodes(running)
+            plan: list[tuple[Sequence, SequenceChunk]] = []
+            budget = self.config.n_ubatch
+            for seq in running:
+                if seq.state == SeqState.DECODE:
+                    if seq.needs_context_shift():
+                        self._shift_context(seq)
+                        if seq.state == SeqState.DONE:
+                            continue
+                    plan.append((seq, self._decode_chunk(seq)))
+                    budget -= 1
+            blocked = None
+            for seq in running:
+                if seq.state != SeqState.PREFILL or budget <= 0:
+                    continue
+                chunk = self._prompt_chunk(seq, budget)
+                if chunk is None:
+                    blocked = seq  # no room: it and the prompts after it wait (first come, first served)
+                    break
+                plan.append((seq, chunk))
+                budget -= len(chunk.token_ids)
+            if plan or blocked is None:
+                return plan
+            victim = self.room.victim(self._holders(), keep=blocked)
+            if victim is None:
+                return plan
+            self.room.preempt(victim)  # nothing could run: a newer sequence gives way to the oldest prompt
+
+    def _room_for_decodes(self, running: list[Sequence]) -> None:
+        """Every decode row a block where it needs one: the newest sequences give theirs back
+        (preempted) until the others fit."""
+        while True:
+            decoding = [s for s in running if s.state == SeqState.DECODE]
+            if self.room.make_room(sum(self.room.blocks_needed(s, s.n_computed + 1) for s in decoding)):
+                return
+            self.room.preempt(self.room.victim(self._holders(), keep=None))
+
+    def _holders(self) -> list[Sequence]:
+        """The sequences of running requests, oldest first (the last one gives way first)."""
+        return [seq for handle in self.active for seq in handle.sequences]
+
+    def _prompt_chunk(self, seq: Sequence, budget: int) -> SequenceChunk | None:
+        """`seq`'s next prompt chunk within `budget` tokens and the pool's room (None: no room)."""
+        start = seq.n_computed
+        end = self._chunk_end(seq, start, start + min(seq.pending_prompt(), budget))
+        if not self.room.make_room(self.room.blocks_needed(seq, end)):
+            room = (len(seq.table.blocks) + self.room.free_blocks - 1) * self.cache.block_size  # one for a copy
+            end = self._chunk_end(seq, start, min(end, room))
+            if end <= start or not self.room.make_room(self.room.blocks_needed(seq, end)):
+                return None
+        seq.table.make_last_block_private()  # the cached prefix may end in a block shared with another slot
+        seq.table.reserve(end)
+        need_logits = end == seq.n_prompt and seq.resume_to is None
+        return SequenceChunk(seq.tokens[start:end], start, seq.table.slots(0, end), need_logits=need_logits,
+                             state_slot=seq.slot_id, given_rows=seq.given_rows(start, end))
+
+    def _chunk_end(self, seq: Sequence, start: int, end: int) -> int:
+        if self.checkpoints is not None:
+            end = self.checkpoints.chunk_end(start, end, seq.n_prompt)
+        return seq.prompt_chunk_end(start, end)
 
     def _shift_context(self, seq: Sequence) -> None:
         """Keep the first n_keep tokens, drop half of the rest, and slide the remainder down."""
@@ -567,6 +609,15 @@ def check_media(request: GenerationRequest, n_embd: int) -> set[int]:
         covered.update(range(span.start, span.end))
         end = span.end
     return covered
+
+
+def pool_tokens(cfg: EngineConfig, n_ctx_seq: int) -> int:
+    """The KV pool's tokens: -c's context (each slot's share of it without --kv-unified, the
+    share cut to what one sequence may hold), plus one spare block per slot for copy-on-write of
+    a shared partial block (n > 1 choices)."""
+    bs = cfg.block_size
+    blocks = -(-cfg.n_ctx // bs) if cfg.kv_unified else -(-n_ctx_seq // bs) * cfg.n_parallel
+    return (blocks + cfg.n_parallel) * bs
 
 
 def available_memory_bytes(device: str) -> int | None:

@@ -49,6 +49,9 @@ class Sequence:
         self.n_prompt = len(self.tokens)
         self.n_cached = 0
         self.state = SeqState.PREFILL
+        # Preempted while decoding (lamplight.engine.kv_room): its K/V is computed again up to
+        # here, in prompt chunks, before it decodes on from where it was.
+        self.resume_to: int | None = None
         self.generated: list[int] = []
         self.probs: list[TokenProbs] = []
         self.decoder = tokenizer.new_decoder()
@@ -73,8 +76,13 @@ class Sequence:
     def n_computed(self) -> int:
         return self.table.num_tokens
 
+    @property
+    def prefill_end(self) -> int:
+        """Where its prompt chunks end: the prompt's end, or, preempted, where it had got to."""
+        return self.n_prompt if self.resume_to is None else self.resume_to
+
     def pending_prompt(self) -> int:
-        return self.n_prompt - self.n_computed
+        return self.prefill_end - self.n_computed
 
     # -- media rows (images) in the prompt -----------------------------------------------------
 

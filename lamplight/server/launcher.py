@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 import uvicorn
 
-from lamplight.serve_flags import MAX_DEFAULT_CTX, default_of
+from lamplight.serve_flags import CTX_MEMORY_SHARE, default_of
 
 from .app import create_app
 from .connections import timed_protocol
@@ -24,8 +24,10 @@ from .state import ServerState
 class EngineOptions:
     """The engine's serve flags; the defaults are the flags' (lamplight.serve_flags)."""
 
-    n_ctx: int = default_of("engine.n_ctx")  # 0: from the model (capped at MAX_DEFAULT_CTX)
+    n_ctx: int = default_of("engine.n_ctx")  # 0: from the model (context_from_model)
     n_parallel: int = default_of("engine.n_parallel")
+    # One KV pool for the slots: on, as with the default -np auto (the command line decides: serve_options)
+    kv_unified: bool = True
     n_batch: int = default_of("engine.n_batch")
     n_ubatch: int = default_of("engine.n_ubatch")
     queue_size: int = default_of("engine.queue_size")
@@ -170,24 +172,43 @@ def load_embedder(path: str | Path, options: EngineOptions, n_ctx: int | None = 
         raise StartupError(f"embeddings: {exc}") from exc
 
 
-def build_engine(loaded: Any, options: EngineOptions) -> Any:
-    """The engine over a model from `load_model` (its runner and adapters), started."""
+def build_engine(loaded: Any, options: EngineOptions, say: Callable[[str], None] = lambda _msg: None) -> Any:
+    """The engine over a model from `load_model` (its runner and adapters), started; `say`: the
+    start-up log."""
     from lamplight.engine.config import EngineConfig
     from lamplight.engine.engine import Engine
 
     runner = loaded.runner
-    n_ctx = options.n_ctx or min(runner.config.n_ctx_train, MAX_DEFAULT_CTX)
-    config = EngineConfig(n_ctx=n_ctx, n_parallel=options.n_parallel, n_batch=options.n_batch,
+    config = EngineConfig(n_ctx=options.n_ctx, n_parallel=options.n_parallel, n_batch=options.n_batch,
                           n_ubatch=options.n_ubatch, queue_size=options.queue_size,
-                          context_shift=options.context_shift,
+                          kv_unified=bool(options.kv_unified), context_shift=options.context_shift,
                           cache_type_k=options.cache_type_k or runner.default_cache_type,
                           cache_type_v=options.cache_type_v or runner.default_cache_type,
                           ctx_checkpoints=options.ctx_checkpoints, checkpoint_interval=options.checkpoint_interval)
+    if not config.n_ctx:
+        config.n_ctx, why = context_from_model(runner, config)
+        say(f"context: {config.n_ctx} tokens ({why}; -c sets it)")
     if runner.owns_threads:
         dedicate_threads_to_native()
     engine = Engine(runner, loaded.tokenizer, config, loras=loaded.adapters)
     engine.start()
     return engine
+
+
+def context_from_model(runner: Any, config: Any) -> tuple[int, str]:
+    """`-c 0`: the model's training context, cut to what fits in CTX_MEMORY_SHARE of the memory
+    available now (a multiple of the KV block), and why it is that."""
+    from lamplight.engine.engine import available_memory_bytes
+
+    trained = runner.config.n_ctx_train
+    per_token = runner.state_spec.bytes_per_token(*config.cache_dtypes)
+    free = available_memory_bytes(config.device)
+    if not per_token or free is None or trained * per_token <= free * CTX_MEMORY_SHARE:
+        return trained, "the model's training context"
+    fits = int(free * CTX_MEMORY_SHARE // per_token) // config.block_size * config.block_size
+    fits = max(fits, config.block_size * config.n_parallel)
+    return fits, (f"the model's {trained} cut to what fits in {CTX_MEMORY_SHARE:.0%} of the {free / 2**30:.1f} GiB "
+                  f"available, at {per_token / 1024:.0f} KiB per token")
 
 
 def dedicate_threads_to_native() -> None:
