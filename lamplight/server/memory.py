@@ -6,8 +6,9 @@ from typing import Any
 
 
 def memory_budget(loaded: Any, engine: Any) -> dict[str, float]:
-    """In MiB: the weights the runner computes with, the KV cache, and (where the backend
-    tracks them) the step's working buffers so far."""
+    """In MiB: the weights the runner computes with, the KV cache (all of it: on the CPU its
+    pages become resident as tokens fill it, lamplight.state.kv.lazy_zeros), and (where the
+    backend tracks them) the step's working buffers so far."""
     runner = loaded.runner
     kv = engine.state.kv
     budget = {"weights": runner.weight_bytes(), "kv_cache": sum(t.numel() * t.element_size() for t in (*kv.k, *kv.v))}
@@ -20,4 +21,4 @@ def memory_budget(loaded: Any, engine: Any) -> dict[str, float]:
 def memory_line(loaded: Any, engine: Any) -> str:
     budget = memory_budget(loaded, engine)
     scratch = f", scratch {budget['scratch']:.0f} MiB so far" if "scratch" in budget else ""
-    return f"weights {budget['weights']:.0f} MiB, KV cache {budget['kv_cache']:.0f} MiB{scratch}"
+    return f"weights {budget['weights']:.0f} MiB, KV cache {budget['kv_cache']:.0f} MiB (resident as it fills){scratch}"

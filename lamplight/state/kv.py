@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -47,6 +48,17 @@ class KVLayout:
         return sum(n * (dk * k_bits + dv * v_bits) for n, dk, dv in shapes) // 8
 
 
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """Zeros that take memory only where they are written, on the CPU: numpy's zeros come from
+    calloc, whose large blocks are fresh zero pages the OS maps on first write (torch.zeros
+    writes every byte). A pool of the model's whole context (-c 0) then costs what it holds."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    raw = np.zeros(shape, dtype={1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[itemsize])
+    return torch.from_numpy(raw).view(dtype)
+
+
 class KVPool:
     def __init__(self, layout: KVLayout, num_tokens: int, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu", v_dtype: torch.dtype | None = None):
@@ -56,8 +68,8 @@ class KVPool:
         self.k, self.v = [], []
         for layer in range(layout.num_layers):
             n_kv, dk, dv = layout.shape(layer)
-            self.k.append(torch.zeros((n_kv, num_tokens, dk), dtype=dtype, device=device))
-            self.v.append(torch.zeros((n_kv, num_tokens, dv), dtype=v_dtype or dtype, device=device))
+            self.k.append(lazy_zeros((n_kv, num_tokens, dk), dtype, device))
+            self.v.append(lazy_zeros((n_kv, num_tokens, dv), v_dtype or dtype, device))
 
     @property
     def device(self) -> torch.device:
