@@ -114,6 +114,10 @@ def _serve_one_model(args: argparse.Namespace) -> int:
         _info(f"memory: {memory_line(loaded, engine)}")
         if engine.checkpoints is not None:
             _info(checkpoint_line(engine))
+        if engine.prompt_cache is not None:
+            budget = engine.prompt_cache.budget
+            _info("prompt cache in RAM: " + ("no limit" if budget is None else f"up to {budget / 2**20:.0f} MiB")
+                  + " of slots' tokens kept for later requests (--cache-ram)")
         for adapter in engine.lora_json():
             _info(f"LoRA adapter {adapter['id']}: {adapter['path']} (scale {adapter['scale']:g})")
         shared = engine.config.kv_unified

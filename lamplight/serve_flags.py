@@ -725,8 +725,9 @@ FLAG_GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
                 "engine.kv_unified", "kv_unified", False, None),
         _refused(("--kv-unified-per-slot",), "not yet: the shared KV pool across slots", "N",
                  env="LLAMA_ARG_KV_UNIFIED_PER_SLOT"),
-        _refused(("-cram", "--cache-ram"), "not yet: a host-memory prompt cache beyond the slots' KV", "N",
-                 env="LLAMA_ARG_CACHE_RAM"),
+        Flag(("-cram", "--cache-ram"), "MiB of host memory for cached prompts beyond the slots' KV (a slot's tokens "
+             "kept when a new request would lose them, copied back for a prompt that shares more with them); 0: off, "
+             "-1: no limit", 8192, int, to="engine.cache_ram_mib", env="LLAMA_ARG_CACHE_RAM", metavar="N"),
         Flag(("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"), "models with recurrent layers (Qwen 3.5, LFM2, "
              "Granite 4.0-H): snapshots of each slot's state kept for follow-up turns, which then re-read at most "
              "--checkpoint-min-step - 1 tokens of their prefix; 0: none (a follow-up that diverges re-reads its "

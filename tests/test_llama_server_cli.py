@@ -329,7 +329,6 @@ def test_a_refused_switch_set_off_is_no_refusal(clean_env):
     (["--mmproj-url", "x"], "--mmproj-url: not yet in lamplight: download the projector first"),
     (["--video-fps", "1"], "--video-fps: not yet: video input (images are supported: --mmproj)"),
     (["--kv-unified-per-slot", "2"], "--kv-unified-per-slot: not yet: the shared KV pool across slots"),
-    (["--cache-ram", "0"], "--cache-ram: not yet: a host-memory prompt cache beyond the slots' KV"),
     (["-md", "draft.gguf"], "-md: not yet: lamplight has no speculative decoding"),
     (["--draft", "16"], "--draft: the argument has been removed from llama-server (use --spec-draft-n-max)"),
     (["--control-vector-layer-range", "1", "4"], "--control-vector-layer-range: not yet in lamplight"),

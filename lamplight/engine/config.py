@@ -24,6 +24,8 @@ class EngineConfig:
     # tokens while there is room, idle slots' cached tokens give way, and a running sequence
     # that finds no room is preempted (lamplight.engine.kv_room). Off: n_ctx split evenly.
     kv_unified: bool = False
+    # The host-memory prompt cache (--cache-ram, lamplight.engine.prompt_cache): MiB, 0 off, -1 no limit.
+    cache_ram_mib: int = 0
     # logical batch (accepted as in llama-server; the step budget is n_ubatch)
     n_batch: int = default_of("engine.n_batch")
     n_ubatch: int = default_of("engine.n_ubatch")  # tokens per forward step: decode tokens first, then prompt chunks

@@ -39,6 +39,7 @@ from .handle import RequestHandle
 from ..state import StateSpec
 from .kv_cache import KVCache
 from .kv_room import KVRoom
+from .prompt_cache import PromptCache
 from .lora_sets import LoraSets, one_lora_set
 from .scheduler import Scheduler
 from .sequence import Sequence, SeqState
@@ -84,7 +85,8 @@ class Engine:
         self.cache = KVCache(self.state.kv, cfg.block_size)
         runner.warm_up(self.state)
         self.slots = [Slot(i, self.cache) for i in range(cfg.n_parallel)]
-        self.room = KVRoom(self.cache, self.slots, self.checkpoints)
+        self.prompt_cache = PromptCache(cfg.cache_ram_mib) if cfg.cache_ram_mib else None
+        self.room = KVRoom(self.cache, self.slots, self.checkpoints, keep_elsewhere=self._keep_in_ram)
         self.scheduler = Scheduler(self.slots, cfg.queue_size, cfg.slot_prompt_similarity)
         self.active: list[RequestHandle] = []
         self._wakeup = threading.Event()
@@ -302,6 +304,8 @@ class Engine:
             handle._push(PromptProgress(0, parent.n_prompt, parent.n_cached, parent.n_cached, 0.0))
 
     def _reuse_prefix(self, slot: Slot, seq: Sequence, request: GenerationRequest) -> None:
+        if self.prompt_cache is not None and request.cache_prompt:
+            self._swap_with_ram(slot, request.prompt_tokens, seq.handle.lora_key)
         same_lora = slot.cached_lora == seq.handle.lora_key
         keep = common_prefix(slot.cached_tokens, request.prompt_tokens) if request.cache_prompt and same_lora else 0
         keep = min(keep, seq.n_prompt - 1)  # always evaluate at least one prompt token for its logits
@@ -311,6 +315,26 @@ class Engine:
         slot.table.truncate(keep)
         slot.cached_tokens = slot.cached_tokens[:keep]
         seq.n_cached = keep
+
+    def _swap_with_ram(self, slot: Slot, prompt: list[int], lora: tuple[float, ...]) -> None:
+        """The RAM prompt cache: a cached prompt sharing a longer prefix with `prompt` than the
+        slot's tokens is copied into the slot; tokens of the slot that would be lost (less than
+        half of them kept) are copied to RAM first, as llama-server does."""
+        cache = self.prompt_cache
+        kept = common_prefix(slot.cached_tokens, prompt) if slot.cached_lora == lora else 0
+        entry, n = cache.best(prompt, lora)
+        if entry is not None and n > kept:
+            self._keep_in_ram(slot)
+            if self.room.make_room(-(-len(entry.tokens) // self.cache.block_size) - len(slot.table.blocks)):
+                if self.checkpoints is not None:
+                    self.checkpoints.clear(slot.id)  # they were of the tokens the entry replaces
+                cache.load(entry, slot, self.cache, self.state)
+        elif kept < len(slot.cached_tokens) / 2:
+            self._keep_in_ram(slot)
+
+    def _keep_in_ram(self, slot: Slot) -> None:
+        if self.prompt_cache is not None and slot.cached_tokens:
+            self.prompt_cache.save(slot, self.cache, self.state)
 
     def _resume_recurrent(self, slot: Slot, keep: int) -> int:
         """Where a recurrent model's slot can resume within a common prefix of `keep` tokens: its

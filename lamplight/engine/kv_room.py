@@ -15,7 +15,7 @@ waiting one can always go on once the newer ones have given way.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 from .checkpoints import CheckpointStore
 from .kv_cache import KVCache
@@ -24,10 +24,12 @@ from .slots import Slot
 
 
 class KVRoom:
-    def __init__(self, cache: KVCache, slots: list[Slot], checkpoints: CheckpointStore | None):
+    def __init__(self, cache: KVCache, slots: list[Slot], checkpoints: CheckpointStore | None,
+                 keep_elsewhere: Callable[[Slot], None] = lambda slot: None):
         self.cache = cache
         self.slots = slots
         self.checkpoints = checkpoints  # a recurrent model's: they go with the K/V they were taken beside
+        self.keep_elsewhere = keep_elsewhere  # an idle slot's tokens before they go (the RAM prompt cache)
         self.preempted = 0  # sequences preempted so far (/metrics)
 
     @property
@@ -55,7 +57,9 @@ class KVRoom:
         return False
 
     def drop_cache(self, slot: Slot) -> None:
-        """Forget an idle slot's cached tokens (its blocks go back to the pool)."""
+        """Forget an idle slot's cached tokens (its blocks go back to the pool; a copy may be kept
+        elsewhere first)."""
+        self.keep_elsewhere(slot)
         slot.table.release()
         slot.cached_tokens = []
         self._forget_state(slot.id)

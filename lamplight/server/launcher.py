@@ -28,6 +28,7 @@ class EngineOptions:
     n_parallel: int = default_of("engine.n_parallel")
     # One KV pool for the slots: on, as with the default -np auto (the command line decides: serve_options)
     kv_unified: bool = True
+    cache_ram_mib: int = default_of("engine.cache_ram_mib")  # the RAM prompt cache's budget (0: off, -1: no limit)
     n_batch: int = default_of("engine.n_batch")
     n_ubatch: int = default_of("engine.n_ubatch")
     queue_size: int = default_of("engine.queue_size")
@@ -181,7 +182,8 @@ def build_engine(loaded: Any, options: EngineOptions, say: Callable[[str], None]
     runner = loaded.runner
     config = EngineConfig(n_ctx=options.n_ctx, n_parallel=options.n_parallel, n_batch=options.n_batch,
                           n_ubatch=options.n_ubatch, queue_size=options.queue_size,
-                          kv_unified=bool(options.kv_unified), context_shift=options.context_shift,
+                          kv_unified=bool(options.kv_unified),
+                          cache_ram_mib=options.cache_ram_mib, context_shift=options.context_shift,
                           cache_type_k=options.cache_type_k or runner.default_cache_type,
                           cache_type_v=options.cache_type_v or runner.default_cache_type,
                           ctx_checkpoints=options.ctx_checkpoints, checkpoint_interval=options.checkpoint_interval)
