@@ -40,6 +40,12 @@ class DenseKernel:
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
+def invariant_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, weight) in float32 with DenseKernel's row padding: each row's result the same
+    whatever rows come with it."""
+    return DenseKernel(weight, torch.float32, BATCH_INVARIANT_ROWS)(x)
+
+
 class RowSplit:
     """How many leading rows of the current step are decode tokens (set by the model per step)."""
 

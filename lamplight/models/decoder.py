@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.linear import invariant_linear
 from ..gguf.quant import dequantize, dequantize_rows
 from ..state import ModelState
 from .activations import ACTIVATIONS
@@ -265,8 +265,8 @@ class Decoder(nn.Module):
             logits = self.output(h)
         elif self.tied_head_kernel is not None:
             logits = self.tied_head_kernel(h)
-        else:
-            logits = F.linear(h, self.token_embd)
+        else:  # padded rows: a plain matmul of 1-3 rows sums in another order (DenseKernel)
+            logits = invariant_linear(h, self.token_embd)
         return logits if self.output_bias is None else logits + self.output_bias
 
     def compute(self, batch: ForwardBatch, state: ModelState) -> torch.Tensor:
