@@ -32,6 +32,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
+from lamplight.speculative.config import (NGRAM_KINDS, NGRAM_SIZE_LIMIT, DraftModelSizes, NgramMapSizes,
+                                          NgramModSizes, parse_kinds)
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 MAX_DEFAULT_CTX = 4096  # the context of an engine built without one (the library's EngineConfig)
 # `-c 0` (the default) takes the model's training context, the KV cache of which may take at most
@@ -98,6 +101,43 @@ def slot_count(text: str) -> int:
 
 def _auto_parallel(value: int) -> int:
     return AUTO_PARALLEL if value == -1 else value
+
+
+@_checked
+def speculative_kinds(text: str) -> tuple[str, ...]:
+    return parse_kinds(text)
+
+
+@_checked
+def _ngram_size(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= NGRAM_SIZE_LIMIT:
+        raise ValueError(f"must be between 1 and {NGRAM_SIZE_LIMIT}, got {value}")
+    return value
+
+
+@_checked
+def _ngram_count(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= NGRAM_SIZE_LIMIT:
+        raise ValueError(f"must be between 0 and {NGRAM_SIZE_LIMIT}, got {value}")
+    return value
+
+
+@_checked
+def _min_hits(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
+@_checked
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {value}")
+    return value
 
 
 @_checked
@@ -371,8 +411,22 @@ _HARDWARE = "lamplight runs the whole model with torch on one device (the CPU, o
 _THREADS = "lamplight leaves thread placement and priority to the OS; -t sets its thread count"
 _NOT_YET = "not yet in lamplight"
 _VIDEO = "not yet: video input (images are supported: --mmproj)"
-_SPECULATIVE = "not yet: lamplight has no speculative decoding"
+_SPECULATIVE = "not yet: lamplight has no draft model (the n-gram kinds of --spec-type work)"
+_LOOKUP_CACHE = "not yet: the ngram-cache kind and its lookup files (the other n-gram kinds of --spec-type work)"
 _REMOVED = "the argument has been removed from llama-server"
+_SPEC_MAP, _SPEC_MOD, _SPEC_DRAFT = NgramMapSizes(), NgramModSizes(), DraftModelSizes()
+
+
+def _ngram_map_flags(name: str, kind: str) -> tuple[Flag, ...]:
+    field = "ngram_" + name.replace("-", "_")
+    return (
+        Flag((f"--spec-ngram-{name}-size-n",), f"{kind}: length of the lookup n-gram", _SPEC_MAP.size_n,
+             _ngram_size, to=f"spec.{field}_size_n", metavar="N"),
+        Flag((f"--spec-ngram-{name}-size-m",), f"{kind}: length of the drafted m-gram", _SPEC_MAP.size_m,
+             _ngram_size, to=f"spec.{field}_size_m", metavar="N"),
+        Flag((f"--spec-ngram-{name}-min-hits",), f"{kind}: hits of an n-gram before it drafts", _SPEC_MAP.min_hits,
+             _min_hits, to=f"spec.{field}_min_hits", metavar="N"),
+    )
 
 # The flags in --help's groups; each group's title, then its flags.
 FLAG_GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
@@ -737,19 +791,36 @@ FLAG_GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
              "4 tokens before its end)", 256, int, to="engine.checkpoint_interval",
              env="LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT", metavar="N"),
     )),
-    ("speculative decoding (refused: not yet)", (
-        _refused(("-lcs", "--lookup-cache-static"), _SPECULATIVE, "FNAME"),
-        _refused(("-lcd", "--lookup-cache-dynamic"), _SPECULATIVE, "FNAME"),
+    ("speculative decoding (the n-gram kinds: tokens verified as decode rows, so the output is the same)", (
+        Flag(("--spec-type",), "comma-separated kinds to draft with, tried in order: none, "
+             + ", ".join(NGRAM_KINDS) + " (draft models: not yet)", (), speculative_kinds, to="spec.kinds",
+             env="LLAMA_ARG_SPEC_TYPE", metavar="TYPES", shown_default="none"),
+        Flag(("--spec-default",), "the default speculative decoding: ngram-mod with n-match 24, n-min 48, n-max 64",
+             False, action="store_true", to="spec.default"),
+        *_ngram_map_flags("simple", "ngram-simple"),
+        *_ngram_map_flags("map-k", "ngram-map-k"),
+        *_ngram_map_flags("map-k4v", "ngram-map-k4v"),
+        Flag(("--spec-ngram-mod-n-match",), "ngram-mod: lookup length", _SPEC_MOD.n_match, _ngram_size,
+             to="spec.ngram_mod_n_match", metavar="N"),
+        Flag(("--spec-ngram-mod-n-min",), "ngram-mod: fewest tokens drafted", _SPEC_MOD.n_min, _ngram_count,
+             to="spec.ngram_mod_n_min", metavar="N"),
+        Flag(("--spec-ngram-mod-n-max",), "ngram-mod: most tokens drafted", _SPEC_MOD.n_max, _ngram_count,
+             to="spec.ngram_mod_n_max", metavar="N"),
+        Flag(("--spec-draft-n-max",), "a draft model's most tokens per draft (lamplight has no draft model yet: "
+             "unused by the n-gram kinds, as in llama-server)", _SPEC_DRAFT.n_max, _non_negative,
+             to="spec.draft_n_max", env="LLAMA_ARG_SPEC_DRAFT_N_MAX", metavar="N"),
+        Flag(("--spec-draft-n-min",), "a draft model's fewest tokens per draft (likewise)", _SPEC_DRAFT.n_min, int,
+             to="spec.draft_n_min", env="LLAMA_ARG_SPEC_DRAFT_N_MIN", metavar="N"),
+        Flag(("--spec-draft-p-min", "--draft-p-min"), "a draft model's least probability to go on drafting "
+             "(likewise)", _SPEC_DRAFT.p_min, float, to="spec.draft_p_min", env="LLAMA_ARG_SPEC_DRAFT_P_MIN",
+             metavar="P"),
+        _refused(("-lcs", "--lookup-cache-static"), _LOOKUP_CACHE, "FNAME"),
+        _refused(("-lcd", "--lookup-cache-dynamic"), _LOOKUP_CACHE, "FNAME"),
         _refused(("--spec-draft-model", "-md", "--model-draft"), _SPECULATIVE, "FNAME",
                  env="LLAMA_ARG_SPEC_DRAFT_MODEL"),
         _refused(("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft"), _SPECULATIVE, "USER/MODEL[:QUANT]",
                  env="LLAMA_ARG_SPEC_DRAFT_HF_REPO"),
-        _refused(("--spec-type",), _SPECULATIVE, "TYPES", env="LLAMA_ARG_SPEC_TYPE"),
-        _refused(("--spec-default",), _SPECULATIVE),
-        _refused(("--spec-draft-n-max",), _SPECULATIVE, "N", env="LLAMA_ARG_SPEC_DRAFT_N_MAX"),
-        _refused(("--spec-draft-n-min",), _SPECULATIVE, "N", env="LLAMA_ARG_SPEC_DRAFT_N_MIN"),
         _refused(("--spec-draft-p-split", "--draft-p-split"), _SPECULATIVE, "P", env="LLAMA_ARG_SPEC_DRAFT_P_SPLIT"),
-        _refused(("--spec-draft-p-min", "--draft-p-min"), _SPECULATIVE, "P", env="LLAMA_ARG_SPEC_DRAFT_P_MIN"),
         _refused(("--spec-draft-sampling",), _SPECULATIVE, "{greedy,probabilistic}",
                  env="LLAMA_ARG_SPEC_DRAFT_SAMPLING"),
         _refused(("--spec-draft-backend-sampling", "--no-spec-draft-backend-sampling"), _SPECULATIVE,
@@ -780,10 +851,6 @@ FLAG_GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
                  env="LLAMA_ARG_N_GPU_LAYERS_DRAFT"),
         _refused(("--spec-synth-len",), _SPECULATIVE, "L", env="LLAMA_ARG_SPEC_SYNTH_LEN"),
         _refused(("--spec-synth-rates",), _SPECULATIVE, "P0,P1,...", env="LLAMA_ARG_SPEC_SYNTH_RATES"),
-        *(_refused((f"--spec-ngram-{name}",), _SPECULATIVE, "N")
-          for name in ("mod-n-min", "mod-n-max", "mod-n-match", "simple-size-n", "simple-size-m", "simple-min-hits",
-                       "map-k-size-n", "map-k-size-m", "map-k-min-hits", "map-k4v-size-n", "map-k4v-size-m",
-                       "map-k4v-min-hits")),
         _refused(("--draft", "--draft-n", "--draft-max"), f"{_REMOVED} (use --spec-draft-n-max); {_SPECULATIVE}",
                  "N", env="LLAMA_ARG_DRAFT_MAX"),
         _refused(("--draft-min", "--draft-n-min"), f"{_REMOVED} (use --spec-draft-n-min); {_SPECULATIVE}", "N",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from lamplight.serve_flags import FlagError, FlagParser, add_serve_arguments, settings_from
+from lamplight.speculative.config import spec_config
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -25,7 +26,7 @@ def engine_options(args: argparse.Namespace):
     engine = settings_from(args, "engine")
     if engine["kv_unified"] is None:  # llama-server's rule: one pool when the slots are auto (-np -1)
         engine["kv_unified"] = args.parallel == -1
-    return EngineOptions(**engine)
+    return EngineOptions(**engine, speculative=spec_config(settings_from(args, "spec")))
 
 
 def server_settings(args: argparse.Namespace):

@@ -329,7 +329,7 @@ def test_a_refused_switch_set_off_is_no_refusal(clean_env):
     (["--mmproj-url", "x"], "--mmproj-url: not yet in lamplight: download the projector first"),
     (["--video-fps", "1"], "--video-fps: not yet: video input (images are supported: --mmproj)"),
     (["--kv-unified-per-slot", "2"], "--kv-unified-per-slot: not yet: the shared KV pool across slots"),
-    (["-md", "draft.gguf"], "-md: not yet: lamplight has no speculative decoding"),
+    (["-md", "draft.gguf"], "-md: not yet: lamplight has no draft model"),
     (["--draft", "16"], "--draft: the argument has been removed from llama-server (use --spec-draft-n-max)"),
     (["--control-vector-layer-range", "1", "4"], "--control-vector-layer-range: not yet in lamplight"),
 ])
@@ -338,6 +338,26 @@ def test_a_refused_flag_is_one_line_naming_it(clean_env, capsys, argv, message):
         parse(["-c", "512", *argv, "-np", "2"])
     err = capsys.readouterr().err
     assert info.value.code == 2 and err.startswith(f"lamplight serve: error: {message}") and err.count("\n") == 1
+
+
+def test_speculative_flags_fill_the_engine_options(clean_env, capsys):
+    """--spec-type and the n-gram sizes as llama-server spells them; a draft-model kind is refused."""
+    spec = lambda argv: engine_options(parse(argv)).speculative  # noqa: E731
+    assert spec([]).kinds == () and not spec([]).enabled
+    given = spec(["--spec-type", "ngram-simple,ngram-mod", "--spec-ngram-simple-size-n", "4",
+                  "--spec-ngram-simple-size-m", "16", "--spec-ngram-mod-n-match", "8", "--spec-ngram-map-k4v-min-hits", "2"])
+    assert given.kinds == ("ngram-simple", "ngram-mod")
+    assert (given.ngram_simple.size_n, given.ngram_simple.size_m, given.ngram_map_k.size_n) == (4, 16, 12)
+    assert given.ngram_mod.n_match == 8 and given.ngram_map_k4v.min_hits == 2
+    assert spec(["--spec-default"]).kinds == ("ngram-mod",)
+    clean_env.setenv("LLAMA_ARG_SPEC_TYPE", "ngram-map-k")
+    assert spec([]).kinds == ("ngram-map-k",)
+    for argv, message in ((["--spec-type", "draft-mtp"], "draft-mtp: not yet"),
+                          (["--spec-type", "ngram-fast"], "unknown speculative decoding type 'ngram-fast'"),
+                          (["--spec-ngram-simple-size-n", "0"], "must be between 1 and 1024, got 0")):
+        with pytest.raises(SystemExit):
+            parse(argv)
+        assert message in capsys.readouterr().err
 
 
 def test_one_kv_pool_when_the_slots_are_auto_as_llama_server(clean_env):

@@ -36,6 +36,7 @@ FIELDS = [
     "parallel_tool_calls", "stream_options", "chat_template_kwargs", "add_generation_prompt", "input_prefix",
     "input_suffix", "input_extra", "multimodal_data", "content", "tokens", "with_pieces", "add_special",
     "parse_special", "n_cache_reuse", "user", "model", "filename", "id", "scale",
+    "speculative.type", "speculative.n_max", "speculative.n_min", "speculative.p_min",
 ]
 
 
@@ -50,6 +51,7 @@ def nasty_values(rng: random.Random) -> list:
         [{"role": "user", "content": "hi"}], [{"id": 0, "scale": 1}], deep, list(range(300)),
         [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
         "root ::= " + "(" * 70 + '"a"' + ")" * 70, 'root ::= "a" | "b"', "edkypmxt", "zz",
+        "ngram-mod", "ngram-map-k4v,ngram-simple", "ngram-map-k",  # speculative.type's kinds
     ]
 
 

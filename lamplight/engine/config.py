@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from lamplight.serve_flags import MAX_DEFAULT_CTX, default_of
+from lamplight.speculative import SpecConfig
 
 from .checkpoints import DEFAULT_INTERVAL, DEFAULT_PER_SLOT
 
@@ -42,6 +43,8 @@ class EngineConfig:
     # kept for follow-up turns (--ctx-checkpoints), every `checkpoint_interval` tokens.
     ctx_checkpoints: int = DEFAULT_PER_SLOT
     checkpoint_interval: int = DEFAULT_INTERVAL
+    # Speculative decoding (--spec-type ...; lamplight.speculative): the kinds and their sizes.
+    speculative: SpecConfig = field(default_factory=SpecConfig)
 
     @property
     def cache_dtypes(self) -> tuple[torch.dtype, torch.dtype]:

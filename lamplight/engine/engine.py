@@ -32,6 +32,7 @@ from ..models.batch import SequenceChunk
 from ..models.lora import LoraAdapter
 from ..runner.base import ModelRunner
 from ..sampling import SequenceSampler, sample_batch
+from ..speculative import SpecRequest, SpeculatorFactory
 from . import slot_actions, views
 from .checkpoints import Checkpoint, CheckpointStore
 from .config import EngineConfig
@@ -45,6 +46,7 @@ from .scheduler import Scheduler
 from .sequence import Sequence, SeqState
 from .slot_files import load_slot
 from .slots import Slot, common_prefix
+from .speculation import SpecStats, draft_chunks, draft_limit
 from .types import (
     ContextExceededError,
     ErrorEvent,
@@ -96,6 +98,10 @@ class Engine:
         self._control: collections.deque[tuple[Callable[[], object], concurrent.futures.Future]] = collections.deque()
         self.is_ready = False
         self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "requests": 0, "failed": 0}
+        # Speculative decoding (--spec-type, a request's speculative.type): not for recurrent
+        # layers, whose state cannot take back the tokens a draft got wrong.
+        self.speculation = None if spec.recurrent else SpeculatorFactory(cfg.speculative)
+        self.spec_stats = SpecStats()
 
     @property
     def loras(self) -> list[LoraAdapter]:
@@ -164,6 +170,10 @@ class Engine:
         if request.id_slot >= self.n_parallel or request.id_slot < -1:
             raise InvalidRequestError(f"id_slot {request.id_slot} is out of range (the server has {self.n_parallel} slots)")
         self.lora_sets.check(request)
+        spec = request.speculative
+        if spec is not None and spec.kinds and self.speculation is None:
+            raise InvalidRequestError("speculative.type: this model has recurrent layers, whose state cannot take back "
+                                      "rejected draft tokens; it decodes without speculation")
 
     # -- LoRA ----------------------------------------------------------------------------------
 
@@ -182,9 +192,18 @@ class Engine:
         Read without a lock: a metrics scrape may be one step out of date."""
         return views.kv_usage(self.cache, self.slots)
 
+    def speculative_types(self, request: SpecRequest | None = None) -> str:
+        """The kinds a request with these speculative fields drafts with, as llama-server's
+        generation_settings `speculative.types` says them (\"none\" for none)."""
+        kinds = self.speculation.kinds_for(request) if self.speculation is not None else ()
+        if request is not None and request.n_max == 0:
+            kinds = ()
+        return ",".join(kinds) or "none"
+
     def slots_json(self) -> list[dict]:
         """GET /slots: one entry per slot, shaped like llama-server's."""
-        return [views.slot_json(slot, self.n_ctx_slot) for slot in self.slots]
+        speculative = self.speculation is not None and self.config.speculative.enabled
+        return [views.slot_json(slot, self.n_ctx_slot, speculative) for slot in self.slots]
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -291,6 +310,10 @@ class Engine:
             slot.n_prompt_tokens = seq.n_prompt
             slot.settings = request.settings
             handle.sequences.append(seq)
+            if self.speculation is not None:
+                seq.speculator = self.speculation.build(request.speculative)
+                if seq.speculator is not None:
+                    seq.speculator.begin(seq.tokens)
             if choice == 0:
                 self._reuse_prefix(slot, seq, request)
             else:
@@ -374,6 +397,7 @@ class Engine:
             self._keep_checkpoints(plan)
         sampled_seqs = []
         rows = []
+        verified: dict[Sequence, list[int]] = {}  # sequences with a draft: their rows, decode token first
         row = 0
         for seq, chunk in plan:
             seq.table.num_tokens = chunk.start_pos + len(chunk.token_ids)
@@ -383,13 +407,18 @@ class Engine:
                     self._progress(seq)
                 elif seq.n_computed == seq.resume_to:  # computed again up to where it was preempted
                     seq.resume_to, seq.state = None, SeqState.DECODE
-            if chunk.need_logits:
+            if seq.draft and chunk.need_logits:
+                verified.setdefault(seq, []).append(row)
+                row += 1
+            elif chunk.need_logits:
                 for target in self._guarded(seq.handle, self._sampling_targets, seq, default=[]):
                     sampled_seqs.append(target)
                     rows.append(row)
                 row += 1
         if sampled_seqs:
             self._sample_and_process(logits[rows], sampled_seqs)
+        for seq, seq_rows in verified.items():
+            self._verify(seq, logits[seq_rows])
         self._finish_done()
         return True
 
@@ -445,6 +474,8 @@ class Engine:
                             continue
                     plan.append((seq, self._decode_chunk(seq)))
                     budget -= 1
+            if self.speculation is not None:
+                budget -= self._add_drafts(plan, budget)
             blocked = None
             for seq in running:
                 if seq.state != SeqState.PREFILL or budget <= 0:
@@ -461,6 +492,54 @@ class Engine:
             if victim is None:
                 return plan
             self.room.preempt(victim)  # nothing could run: a newer sequence gives way to the oldest prompt
+
+    def _add_drafts(self, plan: list[tuple[Sequence, SequenceChunk]], budget: int) -> int:
+        """Each decoding sequence's draft (lamplight.engine.speculation), as decode rows after the
+        step's decode tokens, within `budget` rows and the pool's free blocks (a draft never takes
+        room from anyone); the rows it used."""
+        used = 0
+        for seq, _ in list(plan):
+            seq.draft = []
+            if seq.speculator is None or used >= budget:
+                continue
+            draft = seq.speculator.draft(seq.tokens, min(draft_limit(seq), budget - used))
+            end = seq.n_computed + 1
+            while draft and self.room.blocks_needed(seq, end + len(draft)) > self.room.free_blocks:
+                draft.pop()
+            if draft:
+                seq.table.reserve(end + len(draft))
+                seq.draft = draft
+                plan.extend((seq, chunk) for chunk in draft_chunks(seq, draft))
+                used += len(draft)
+        return used
+
+    def _verify(self, seq: Sequence, logits: torch.Tensor) -> None:
+        """Sample `seq`'s decode row and its draft's rows in order, as decoding would, one token
+        each, until a sampled token differs from the draft (it is kept: the model's own token)
+        or the sequence ends; the K/V of the rows after that is dropped."""
+        draft, seq.draft = seq.draft, []
+        pos = len(seq.tokens) - 1  # the decode token's position
+        sampled = accepted = 0
+        try:
+            for i in range(logits.shape[0]):
+                result = self._guarded(seq.handle, self._sample, logits[i:i + 1], [seq])
+                event = self._guarded(seq.handle, seq.on_token, result[0][0], result[1][0]) if result else None
+                if event is None:
+                    break
+                sampled += 1
+                self.stats["generated_tokens"] += 1
+                seq.handle._push(event)
+                if i == len(draft) or event.token_id != draft[i]:
+                    break
+                accepted += 1
+                if seq.state == SeqState.DONE:
+                    break
+        finally:
+            seq.table.truncate(pos + max(sampled, 1))
+        seq.n_draft += len(draft)
+        seq.n_draft_accepted += accepted
+        seq.speculator.accepted(accepted)
+        self.spec_stats.record(len(draft), accepted)
 
     def _room_for_decodes(self, running: list[Sequence]) -> None:
         """Every decode row a block where it needs one: the newest sequences give theirs back
@@ -513,6 +592,8 @@ class Engine:
         self.runner.shift_kv(self.state, src, dst, -n_discard)
         table.truncate(n_tokens - n_discard)
         seq.apply_context_shift(n_keep, n_discard)
+        if seq.speculator is not None:
+            seq.speculator.reset(seq.tokens)
 
     def _sequences_of_one_lora_set(self) -> list[Sequence]:
         runnable = [

@@ -68,6 +68,12 @@ class Sequence:
         self.budget = (ReasoningBudget(request.reasoning_budget, getattr(tokenizer, "token_bytes", None))
                        if request.reasoning_budget is not None else None)
         self.handle = None  # the RequestHandle this choice reports to (set by the engine)
+        # Speculative decoding (lamplight.engine.speculation): its drafter (None: it does not
+        # speculate), this step's draft, and the totals its timings report.
+        self.speculator = None
+        self.draft: list[int] = []
+        self.n_draft = 0
+        self.n_draft_accepted = 0
         self.reported = False  # its FinalEvent was sent
 
     # -- KV bookkeeping ------------------------------------------------------------------------
@@ -250,6 +256,8 @@ class Sequence:
             prompt_ms=(end_prompt - self.t_prompt_start) * 1e3,
             predicted_n=len(self.generated),
             predicted_ms=(end - end_prompt) * 1e3,
+            draft_n=self.n_draft,
+            draft_n_accepted=self.n_draft_accepted,
         )
 
     def final_event(self) -> FinalEvent:

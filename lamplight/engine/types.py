@@ -103,6 +103,8 @@ class GenerationRequest:
     # Image rows at prompt positions, in position order; prompt_tokens holds their placeholder
     # ids (placeholder_ids) there.
     media: tuple[MediaSpan, ...] = ()
+    # The request's speculative.* fields (lamplight.speculative.SpecRequest); None: the server's.
+    speculative: Any = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,8 @@ class Timings:
     prompt_ms: float
     predicted_n: int
     predicted_ms: float
+    draft_n: int = 0  # tokens drafted by speculative decoding, and those accepted
+    draft_n_accepted: int = 0
 
     def to_json(self) -> dict:
         def per_token(ms: float, n: int) -> float:
@@ -144,6 +148,7 @@ class Timings:
         # As llama-server (HEAD): the first token comes from the prompt batch, so generation rates
         # are over n - 1 decode steps, measured from the end of the prompt to the last token.
         decode_steps = max(self.predicted_n - 1, 0)
+        drafts = {"draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted} if self.draft_n > 0 else {}
         return {
             "cache_n": self.cache_n,
             "prompt_n": self.prompt_n,
@@ -154,6 +159,7 @@ class Timings:
             "predicted_ms": self.predicted_ms,
             "predicted_per_token_ms": per_token(self.predicted_ms, decode_steps),
             "predicted_per_second": per_second(self.predicted_ms, decode_steps),
+            **drafts,  # as llama-server: only when speculation drafted tokens
         }
 
 

@@ -13,13 +13,14 @@ SLOT_PARAMS_OMIT = ("grammar", "grammar_lazy", "grammar_triggers", "preserved_to
                     "dry_sequence_breakers")
 
 
-def slot_json(slot: Slot, n_ctx_slot: int) -> dict:
-    """One entry of GET /slots, shaped like llama-server's."""
+def slot_json(slot: Slot, n_ctx_slot: int, speculative: bool = False) -> dict:
+    """One entry of GET /slots, shaped like llama-server's; `speculative`: whether the server
+    drafts (a running request's own fields decide for its slot)."""
     seq = slot.seq
     entry = {
         "id": slot.id,
         "n_ctx": n_ctx_slot,
-        "speculative": False,
+        "speculative": seq.speculator is not None if seq is not None else speculative,
         "is_processing": seq is not None,
         "id_task": slot.id_task,
         "n_prompt_tokens": slot.n_prompt_tokens,

@@ -20,7 +20,7 @@ from .answer_grammar import constrain_answer_only
 from .chat_prompt import continues_thinking, reasoning_budget_spec, render_chat_prompt
 from .errors import field_error, invalid_request
 from .generation import GenerationRun, collect_unless_disconnected
-from .generation_settings import generation_settings, lora_scales
+from .generation_settings import generation_settings, lora_scales, speculative_types
 from .json_io import json_response
 from .params import Endpoint, GenerationParams, parse_generation_params
 from .prepare import prepare_request
@@ -157,6 +157,7 @@ def _settings_echo(state: ServerState, params: GenerationParams) -> dict:
         eog_ids=state.model.tokenizer.eog_ids,
         lora_scales=lora_scales(request.lora, getattr(state.engine, "loras", [])),
         grammar=params.grammar_text,
+        speculative_types=speculative_types(state.engine, request.speculative),
     )
     if params.tool_plan is not None:
         echo.update(params.tool_plan.settings_echo())

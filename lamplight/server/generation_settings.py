@@ -22,13 +22,14 @@ _NOT_IN_PROPS = ("stop", "grammar", "grammar_lazy", "grammar_triggers", "preserv
 def generation_settings(sampling: SamplingParams, *, n_predict: int, stop: list[str], n_keep: int,
                         n_discard: int, stream: bool, timings_per_token: bool,
                         eog_ids: Iterable[int] = (), lora_scales: Iterable[float] = (),
-                        reasoning_format: str = "deepseek", grammar: str = "") -> dict:
+                        reasoning_format: str = "deepseek", grammar: str = "", speculative_types: str = "none") -> dict:
     bias = list(sampling.logit_bias)
     if sampling.ignore_eos:
         bias += [(token, -math.inf) for token in sorted(eog_ids)]
     following = _keys_after_fields(n_predict=n_predict, stop=stop, n_keep=n_keep, n_discard=n_discard, stream=stream,
                                    timings_per_token=timings_per_token, lora_scales=lora_scales,
-                                   reasoning_format=reasoning_format, grammar=grammar)
+                                   reasoning_format=reasoning_format, grammar=grammar,
+                                   speculative_types=speculative_types)
     settings = {}
     for key, value in echo_fields(sampling, logit_bias=bias).items():
         settings[key] = value
@@ -38,7 +39,7 @@ def generation_settings(sampling: SamplingParams, *, n_predict: int, stop: list[
 
 def _keys_after_fields(*, n_predict: int, stop: list[str], n_keep: int, n_discard: int, stream: bool,
                        timings_per_token: bool, lora_scales: Iterable[float], reasoning_format: str,
-                       grammar: str) -> dict[str, dict]:
+                       grammar: str, speculative_types: str) -> dict[str, dict]:
     """llama-server's keys that are not sampling fields, by the sampling field they follow."""
     return {
         "mirostat_eta": {
@@ -61,7 +62,7 @@ def _keys_after_fields(*, n_predict: int, stop: list[str], n_keep: int, n_discar
             "reasoning_in_content": False,
             "generation_prompt": "",
         },
-        "samplers": {"speculative.types": "none", "timings_per_token": timings_per_token},
+        "samplers": {"speculative.types": speculative_types, "timings_per_token": timings_per_token},
         "post_sampling_probs": {
             "backend_sampling": False,
             "lora": [{"id": i, "scale": f32(scale)} for i, scale in enumerate(lora_scales)],
@@ -77,11 +78,18 @@ def lora_scales(requested: list[tuple[int, float]] | None, adapters: list) -> li
     return [asked.get(i, 0.0) for i in range(len(adapters))]
 
 
+def speculative_types(engine, request=None) -> str:
+    """`speculative.types` of a request with these speculative fields (None: the server's)."""
+    describe = getattr(engine, "speculative_types", None)
+    return describe(request) if describe is not None else "none"
+
+
 def props_default_params(sampling: SamplingParams, n_predict: int, n_keep: int,
-                         adapters: list = ()) -> dict:
+                         adapters: list = (), engine=None) -> dict:
     settings = generation_settings(sampling, n_predict=n_predict, stop=[], n_keep=n_keep, n_discard=0,
                                    stream=False, timings_per_token=False,
-                                   lora_scales=lora_scales(None, list(adapters)), reasoning_format="none")
+                                   lora_scales=lora_scales(None, list(adapters)), reasoning_format="none",
+                                   speculative_types=speculative_types(engine))
     for key in (*_NOT_IN_PROPS, *props_hidden(sampling)):
         del settings[key]
     return settings

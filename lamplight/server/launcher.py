@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 import uvicorn
 
 from lamplight.serve_flags import CTX_MEMORY_SHARE, default_of
+from lamplight.speculative import SpecConfig
 
 from .app import create_app
 from .connections import timed_protocol
@@ -57,6 +58,7 @@ class EngineOptions:
     image_max_tokens: int = default_of("engine.image_max_tokens")
     media_path: str | None = default_of("engine.media_path")
     media_allow_urls: bool = default_of("engine.media_allow_urls")
+    speculative: SpecConfig = SpecConfig()  # --spec-type and its sizes (lamplight.speculative)
 
 
 class StartupError(RuntimeError):
@@ -186,13 +188,17 @@ def build_engine(loaded: Any, options: EngineOptions, say: Callable[[str], None]
                           cache_ram_mib=options.cache_ram_mib, context_shift=options.context_shift,
                           cache_type_k=options.cache_type_k or runner.default_cache_type,
                           cache_type_v=options.cache_type_v or runner.default_cache_type,
-                          ctx_checkpoints=options.ctx_checkpoints, checkpoint_interval=options.checkpoint_interval)
+                          ctx_checkpoints=options.ctx_checkpoints, checkpoint_interval=options.checkpoint_interval,
+                          speculative=options.speculative)
     if not config.n_ctx:
         config.n_ctx, why = context_from_model(runner, config)
         say(f"context: {config.n_ctx} tokens ({why}; -c sets it)")
     if runner.owns_threads:
         dedicate_threads_to_native()
     engine = Engine(runner, loaded.tokenizer, config, loras=loaded.adapters)
+    if config.speculative.enabled:
+        say(f"speculative decoding: {config.speculative.types_text()}" if engine.speculation is not None else
+            "speculative decoding: off (this model has recurrent layers, whose state cannot take back rejected drafts)")
     engine.start()
     return engine
 

@@ -65,11 +65,31 @@ class ServerMetrics:
         yield GaugeMetricFamily("llamacpp:requests_deferred", "Number of requests deferred.",
                                 len(getattr(engine, "waiting", ())))
         yield from _kv_metrics(engine)
+        yield from _spec_metrics(engine)
 
     def render(self) -> bytes:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)
         return generate_latest(registry)
+
+
+def _spec_metrics(engine: Any):
+    """Speculative decoding's totals, with llama-server's names."""
+    stats = getattr(engine, "spec_stats", None)
+    if stats is None:
+        return
+    yield CounterMetricFamily("llamacpp:spec_decode_num_draft_tokens", "Speculative: Total draft tokens generated",
+                              stats.draft_tokens)
+    yield CounterMetricFamily("llamacpp:spec_decode_num_accepted_tokens",
+                              "Speculative: Total draft tokens accepted by the target model", stats.accepted_tokens)
+    yield CounterMetricFamily("llamacpp:spec_decode_num_drafts", "Speculative: Total speculative decoding verification "
+                              "steps", stats.drafts)
+    if stats.accepted_per_position:
+        per_position = CounterMetricFamily("llamacpp:spec_decode_num_accepted_tokens_per_pos",
+                                           "Accepted tokens per draft position", labels=["position"])
+        for position, count in enumerate(list(stats.accepted_per_position)):
+            per_position.add_metric([str(position)], count)
+        yield per_position
 
 
 def _kv_metrics(engine: Any):

@@ -18,6 +18,7 @@ from lamplight.engine.types import GenerationRequest
 from lamplight.sampling.logit_bias import resolve_logit_bias
 from lamplight.sampling.params import SamplingParams, effective_seed, parse_samplers
 from lamplight.sampling.spec import FieldSpec, sampling_fields, server_defaults
+from lamplight.speculative import SpecRequest, parse_kinds
 
 from .constraints import ConstraintRequest, check_grammar_size, read_constraint
 from .errors import ApiError, field_error, invalid_request
@@ -142,7 +143,31 @@ def _engine_request(fields: Fields, settings: ServerSettings, sampling: Sampling
         n_discard=fields.integer("n_discard", 0, minimum=0),
         lora=_lora(fields),
         t_max_predict_ms=fields.number("t_max_predict_ms", -1.0, minimum=-1),
+        speculative=_speculative(fields),
     )
+
+
+SPECULATIVE_FIELDS = ("speculative.type", "speculative.n_max", "speculative.n_min", "speculative.p_min")
+
+
+def _speculative(fields: Fields) -> SpecRequest | None:
+    """The request's speculative decoding (llama-server b7062's `speculative.*` fields, and HEAD's
+    `speculative.type`): the kinds (\"none\": off for this request), the most and fewest tokens
+    per draft. None: the server's (--spec-type)."""
+    if not any(fields.given(name) for name in SPECULATIVE_FIELDS):
+        return None
+    kinds = None
+    if fields.given("speculative.type"):
+        try:
+            kinds = parse_kinds(fields.string("speculative.type", ""))
+        except ValueError as exc:
+            raise field_error("speculative.type", str(exc)) from None
+    n_max = fields.integer("speculative.n_max", -1, minimum=0) if fields.given("speculative.n_max") else None
+    n_min = fields.integer("speculative.n_min", 0, minimum=0)
+    if n_max is not None and n_min > n_max:
+        raise field_error("speculative.n_min", f"must not exceed speculative.n_max ({n_max}), got {n_min}")
+    fields.number("speculative.p_min", 0.0, minimum=0.0, maximum=1.0)  # a draft model's; the n-gram kinds have no probabilities
+    return SpecRequest(kinds, n_max, n_min)
 
 
 def server_constraint(settings: ServerSettings) -> ConstraintRequest:

@@ -43,7 +43,7 @@ async def props(request: Request) -> Response:
     return json_response({
         "default_generation_settings": {
             "params": props_default_params(default_sampling(settings), settings.n_predict, settings.n_keep,
-                                           getattr(engine, "loras", [])),
+                                           getattr(engine, "loras", []), engine),
             "n_ctx": engine.n_ctx_slot,
         },
         "total_slots": engine.n_parallel,
