@@ -19,7 +19,8 @@ from lamplight.bench.scenarios import SCENARIOS
 DESCRIPTION = (
     "Benchmark OpenAI-compatible servers (lamplight, llama.cpp's llama-server, vLLM...) with "
     "streamed requests: decode speed, time to first token, throughput under concurrency and "
-    "prefix-cache reuse, multi-turn conversations. With --compare (repeatable: servers B, C, ...), all servers "
+    "prefix-cache reuse, multi-turn conversations, copy edits (answers that repeat the prompt: speculative "
+    "decoding's ground, with the share of drafted tokens accepted) and an 8K-token context. With --compare (repeatable: servers B, C, ...), all servers "
     "run the same prompts, interleaved."
 )
 

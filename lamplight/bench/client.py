@@ -52,6 +52,10 @@ class RequestResult:
     server_timings: dict | None = None
     # Prompt tokens the server took from its cache (usage.prompt_tokens_details or timings.cache_n).
     cached_tokens: int | None = None
+    # Speculative decoding: tokens drafted and those of them accepted (timings.draft_n and
+    # timings.draft_n_accepted of llama-server and lamplight, sent only when speculation drafted).
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
     # The replica that served the request, when a router says so (lamplight --replicas).
     replica: str | None = None
     error: str | None = None
@@ -108,11 +112,20 @@ class StreamRecorder:
             if isinstance(cached, int):
                 self.result.cached_tokens = cached
         if isinstance(event.get("timings"), dict):
-            self.result.server_timings = event["timings"]
-            if self.result.cached_tokens is None and isinstance(event["timings"].get("cache_n"), int):
-                self.result.cached_tokens = event["timings"]["cache_n"]
+            self._on_timings(event["timings"])
         for choice in event.get("choices") or []:
             self._on_choice(choice, now)
+
+    def _on_timings(self, timings: dict) -> None:
+        """The final chunk's timings (the last seen) win; their draft counts are cumulative, so an
+        object without them (one sent before speculation drafted) never erases earlier ones."""
+        self.result.server_timings = timings
+        if self.result.cached_tokens is None and isinstance(timings.get("cache_n"), int):
+            self.result.cached_tokens = timings["cache_n"]
+        drafted = _count(timings, "draft_n")
+        if drafted is not None:
+            self.result.draft_n = drafted
+            self.result.draft_n_accepted = _count(timings, "draft_n_accepted")
 
     def _on_choice(self, choice: dict, now: float) -> None:
         if choice.get("finish_reason"):
@@ -278,6 +291,11 @@ async def _read_events(response: httpx.Response, recorder: StreamRecorder) -> No
             continue
         if isinstance(event, dict):
             recorder.on_event(event, time.perf_counter())
+
+
+def _count(mapping: dict, key: str) -> int | None:
+    value = mapping.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _choice_text(choice: dict) -> str:

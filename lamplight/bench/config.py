@@ -33,6 +33,15 @@ class BenchConfig:
     conversation_system_tokens: int = 512
     conversation_user_tokens: int = 32
     conversation_max_tokens: int = 16
+    # (6) copy edits: a code listing to give back with one rename, so the answer repeats most of
+    # the prompt (what n-gram or draft-model speculation is for); one listing per repeat
+    copy_edit_source_tokens: int = 256
+    copy_edit_max_tokens: int = 256
+    copy_edit_repeats: int = 3
+    # (7) one long prompt: prefill at length, then decoding behind a long KV cache
+    long_context_tokens: int = 8000
+    long_context_max_tokens: int = 64
+    long_context_repeats: int = 2
     # Warm-up request sent to each server before measuring (first requests are often slow).
     warmup_max_tokens: int = 8
 
@@ -54,5 +63,11 @@ QUICK_CONFIG = BenchConfig(
     conversation_turns=3,
     conversation_system_tokens=256,
     conversation_max_tokens=8,
+    copy_edit_source_tokens=128,
+    copy_edit_max_tokens=64,
+    copy_edit_repeats=2,
+    long_context_tokens=4000,
+    long_context_max_tokens=16,
+    long_context_repeats=1,
     warmup_max_tokens=4,
 )

@@ -7,11 +7,15 @@ first word on: a server's prefix cache cannot make one request look faster thank
 
 Lengths are calibrated with a server's /tokenize endpoint when one is available; otherwise we
 assume one token per word, which is close for common English words with BPE vocabularies.
+
+Copy-edit prompts hold a generated Python listing instead (seeded the same way, plain ASCII) and
+ask for it back with one rename: an answer that repeats its prompt, as code edits do.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
@@ -33,6 +37,60 @@ walk carry build stay fall cut reach remember consider appear buy wait serve sen
 """.split())
 
 SENTENCE_LENGTHS = (7, 9, 11, 13)
+
+COPY_EDIT_INSTRUCTION = ("Rewrite the following Python code, renaming the variable `total` to `subtotal`. "
+                         "Reply with the whole code only.")
+
+CODE_VERBS = ("sum", "scale", "merge", "filter", "measure", "clamp", "collect", "weigh", "rank", "trim",
+              "blend", "check", "score", "pack", "split", "shift")
+CODE_NOUNS = ("prices", "weights", "scores", "orders", "samples", "readings", "votes", "heights", "loads",
+              "ticks", "rates", "steps", "points", "sizes", "costs", "hours")
+CONSTANT_KINDS = ("MAX", "MIN", "LIMIT", "STEP", "OFFSET", "BATCH", "SCALE", "RETRIES")
+# The variable a function accumulates into; the first function always uses `total`, so that the
+# instruction's rename changes a few lines, not all of them.
+ACCUMULATORS = ("total", "total", "running", "amount", "tally")
+
+# Small functions of different shapes: {name}, {acc} and the numbers vary with the seed.
+FUNCTION_TEMPLATES = (
+    """def {name}(values, factor={a}):
+    # Add up the {noun} above {b}, each scaled by factor.
+    {acc} = 0
+    for value in values:
+        if value > {b}:
+            {acc} += value * factor
+    return {acc}
+""",
+    """def {name}(items, limit={c}):
+    # How many {noun} are multiples of {a} below the limit.
+    {acc} = 0
+    for item in items:
+        if item % {a} == 0 and item < limit:
+            {acc} += 1
+    return {acc}
+""",
+    """def {name}({noun}):
+    # The mean of the {noun}, or {b} when there are none.
+    if not {noun}:
+        return {b}
+    {acc} = sum({noun})
+    return {acc} / len({noun})
+""",
+    """def {name}(start={a}, step={b}):
+    # Double the start and add the step until it passes {c}.
+    {acc} = start
+    while {acc} < {c}:
+        {acc} = {acc} * 2 + step
+    return {acc}
+""",
+    """def {name}(labels, prefix="{word}_"):
+    # Every {a}th label of the {noun}, upper-cased after the prefix.
+    {acc} = []
+    for index, label in enumerate(labels):
+        if index % {a} == 0:
+            {acc}.append(prefix + label.upper())
+    return {acc}
+""",
+)
 
 TokenCounter = Callable[[str], Awaitable[int | None]]
 
@@ -72,6 +130,38 @@ def render_words(seed: int, key: str, count: int) -> str:
         sentences.append(" ".join([words[0].capitalize(), *words[1:]]) + ".")
         remaining -= size
     return " ".join(sentences)
+
+
+def render_code(seed: int, key: str, functions: int, constants: int = 0) -> str:
+    """A Python module of `constants` assignments and `functions` small functions; more of either
+    extends the same listing, so a count can be tuned one line or one function at a time."""
+    noun = random.Random(f"{seed}/{key}/module").choice(CODE_NOUNS)
+    lines = [f"# Helpers for the {noun} report."]
+    rng = random.Random(f"{seed}/{key}/constants")
+    lines += [f"{rng.choice(CONSTANT_KINDS)}_{rng.choice(CODE_NOUNS).upper()} = {rng.randint(2, 999)}"
+              for _ in range(constants)]
+    rng = random.Random(f"{seed}/{key}/functions")
+    names: set[str] = set()
+    for index in range(functions):
+        lines += ["", "", _render_function(rng, index, names)]
+    return "\n".join(lines)
+
+
+def _render_function(rng: random.Random, index: int, names: set[str]) -> str:
+    noun = rng.choice(CODE_NOUNS)
+    name = f"{rng.choice(CODE_VERBS)}_{noun}"
+    if name in names:
+        name = f"{name}_{index}"
+    names.add(name)
+    acc = "total" if index == 0 else rng.choice(ACCUMULATORS)
+    return rng.choice(FUNCTION_TEMPLATES).format(
+        name=name, acc=acc, noun=noun, word=rng.choice(WORDS),
+        a=rng.randint(2, 9), b=rng.randint(10, 99), c=rng.randint(100, 999)).rstrip("\n")
+
+
+def estimate_code_tokens(text: str) -> int:
+    """Without a tokenizer: one token per identifier, number, run of symbols or line break."""
+    return len(re.findall(r"\w+|[^\w\s]+|\n", text))
 
 
 class PromptFactory:
@@ -124,3 +214,45 @@ class PromptFactory:
             step = round((n_tokens - counted) / self.tokens_per_word)
             words = max(1, words + (step or (1 if counted < n_tokens else -1)))
         return best
+
+    async def copy_edit_prompt(self, n_tokens: int, key: str) -> Prompt:
+        """COPY_EDIT_INSTRUCTION and a listing of about n_tokens tokens (its answer repeats it)."""
+        code = await self._fit_code(n_tokens, key)
+        head = f"{COPY_EDIT_INSTRUCTION}\n\n"
+        counted = None if self._count_tokens is None else await self._count_tokens(head + code)
+        return Prompt(user=head + code, target_tokens=n_tokens + await self._code_tokens(head),
+                      counted_tokens=counted)
+
+    async def _fit_code(self, n_tokens: int, key: str) -> str:
+        """Whole functions while they fit, then the constants that come closest to n_tokens."""
+        sample = await self._code_tokens(render_code(self.seed, key, 8))
+        functions, base = await self._largest(
+            n_tokens, lambda k: render_code(self.seed, key, k), n_tokens * 8 // max(1, sample))
+        per_8 = await self._code_tokens(render_code(self.seed, key, functions, 8)) - base
+        constants, size = await self._largest(
+            n_tokens, lambda k: render_code(self.seed, key, functions, k),
+            (n_tokens - base) * 8 // max(1, per_8), lowest=0)
+        over = render_code(self.seed, key, functions, constants + 1)
+        if abs(await self._code_tokens(over) - n_tokens) < abs(size - n_tokens):
+            return over
+        return render_code(self.seed, key, functions, constants)
+
+    async def _largest(self, n_tokens: int, build: Callable[[int], str], guess: int,
+                       lowest: int = 1) -> tuple[int, int]:
+        """The largest k from `lowest` whose build(k) holds at most n_tokens (else `lowest`), and
+        its size; searched from a guess, which is close, so a few tokenizer calls suffice."""
+        k = max(lowest, guess)
+        size = await self._code_tokens(build(k))
+        while size > n_tokens and k > lowest:
+            k -= 1
+            size = await self._code_tokens(build(k))
+        while size <= n_tokens:
+            bigger = await self._code_tokens(build(k + 1))
+            if bigger > n_tokens:
+                break
+            k, size = k + 1, bigger
+        return k, size
+
+    async def _code_tokens(self, text: str) -> int:
+        counted = None if self._count_tokens is None else await self._count_tokens(text)
+        return counted if counted is not None else estimate_code_tokens(text)

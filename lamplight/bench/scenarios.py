@@ -1,4 +1,4 @@
-"""The five benchmark scenarios.
+"""The seven benchmark scenarios.
 
 Each scenario builds all its prompts first (tokenizer calls never overlap timed requests), then
 sends each step to every server in turn (A, B, A, B...) so that drift in the machine's load or
@@ -56,10 +56,7 @@ async def run_ttft(ctx: BenchContext) -> ScenarioResult:
                                        "max_tokens": cfg.ttft_max_tokens})
     steps = [(length, repeat, await ctx.prompts.prompt(length, f"ttft/{length}/{repeat}"))
              for length in cfg.ttft_lengths for repeat in range(cfg.ttft_repeats)]
-    plan = [(length, repeat, prompt, [t for t in ctx.targets
-                                      if ctx.fits(t, prompt, cfg.ttft_max_tokens)])
-            for length, repeat, prompt in steps]
-    _note_skipped_lengths(scenario, ctx, plan)
+    plan = _fitting_plan(scenario, ctx, steps, cfg.ttft_max_tokens)
     ctx.progress.start("ttft", sum(len(targets) for *_, targets in plan))
     for length, repeat, prompt, targets in plan:
         for target in targets:
@@ -72,6 +69,15 @@ async def run_ttft(ctx: BenchContext) -> ScenarioResult:
         for length in cfg.ttft_lengths
     ]
     return scenario
+
+
+def _fitting_plan(scenario: ScenarioResult, ctx: BenchContext, steps: list[tuple[int, int, Prompt]],
+                  max_tokens: int) -> list[tuple[int, int, Prompt, list[Target]]]:
+    """Each (length, repeat, prompt) step with the servers whose context holds it; a note for the others."""
+    plan = [(length, repeat, prompt, [t for t in ctx.targets if ctx.fits(t, prompt, max_tokens)])
+            for length, repeat, prompt in steps]
+    _note_skipped_lengths(scenario, ctx, plan)
+    return plan
 
 
 def _note_skipped_lengths(scenario: ScenarioResult, ctx: BenchContext, plan: list) -> None:
@@ -275,6 +281,66 @@ def _share_row(scenario: ScenarioResult, ctx: BenchContext, name: str, records: 
     return MetricRow(scenario.name, name, "%", True, values, samples)
 
 
+async def run_copy_edit(ctx: BenchContext) -> ScenarioResult:
+    """Answers that repeat most of their prompt, as code edits do: where speculative decoding
+    (n-gram lookup or a draft model) pays off, so beside the speed comes the share of drafted
+    tokens the server accepted, when it reports one. ignore_eos keeps the token count fixed."""
+    cfg = ctx.config
+    scenario = ScenarioResult("copy_edit", {"source_tokens": cfg.copy_edit_source_tokens,
+                                            "max_tokens": cfg.copy_edit_max_tokens,
+                                            "repeats": cfg.copy_edit_repeats})
+    steps = [(cfg.copy_edit_source_tokens, repeat,
+              await ctx.prompts.copy_edit_prompt(cfg.copy_edit_source_tokens, f"copy_edit/{repeat}"))
+             for repeat in range(cfg.copy_edit_repeats)]
+    await _run_plan(ctx, scenario, _fitting_plan(scenario, ctx, steps, cfg.copy_edit_max_tokens),
+                    cfg.copy_edit_max_tokens)
+    scenario.rows = [
+        summary_row(scenario, ctx, "decode speed, copying the prompt", "tok/s", True, "decode_tps"),
+        summary_row(scenario, ctx, f"latency for {cfg.copy_edit_max_tokens} tokens", "ms", False,
+                    "total_s", 1000),
+    ]
+    drafted = [r for r in scenario.records if not r["error"] and r["draft_n"] is not None]
+    if drafted:
+        scenario.rows.append(_acceptance_row(scenario, ctx, drafted))
+    return scenario
+
+
+def _acceptance_row(scenario: ScenarioResult, ctx: BenchContext, records: list[dict]) -> MetricRow:
+    """Accepted over drafted tokens, summed per server: a request that drafted more weighs more."""
+    return _share_row(scenario, ctx, "draft tokens accepted", records,
+                      lambda r: r["draft_n_accepted"], lambda r: r["draft_n"])
+
+
+async def run_long_context(ctx: BenchContext) -> ScenarioResult:
+    """One long prompt (8K tokens by default): prefill at length, then decoding that attends to
+    all of it; servers whose context cannot hold it are left out with a note."""
+    cfg = ctx.config
+    length = cfg.long_context_tokens
+    scenario = ScenarioResult("long_context", {"prompt_tokens": length,
+                                               "max_tokens": cfg.long_context_max_tokens,
+                                               "repeats": cfg.long_context_repeats})
+    steps = [(length, repeat, await ctx.prompts.prompt(length, f"long_context/{repeat}"))
+             for repeat in range(cfg.long_context_repeats)]
+    await _run_plan(ctx, scenario, _fitting_plan(scenario, ctx, steps, cfg.long_context_max_tokens),
+                    cfg.long_context_max_tokens)
+    scenario.rows = [
+        summary_row(scenario, ctx, f"TTFT, {length}-token prompt", "ms", False, "ttft_s", 1000),
+        summary_row(scenario, ctx, f"decode speed after a {length}-token prompt", "tok/s", True,
+                    "decode_tps"),
+    ]
+    return scenario
+
+
+async def _run_plan(ctx: BenchContext, scenario: ScenarioResult,
+                    plan: list[tuple[int, int, Prompt, list[Target]]], max_tokens: int) -> None:
+    """Each step on each of its servers in turn, tagged with its repeat."""
+    ctx.progress.start(scenario.name, sum(len(targets) for *_, targets in plan))
+    for _, repeat, prompt, targets in plan:
+        for target in targets:
+            await ctx.measure(scenario, target, prompt, max_tokens, repeat=repeat)
+    ctx.progress.finish()
+
+
 Scenario = Callable[[BenchContext], Awaitable[ScenarioResult]]
 
 SCENARIOS: dict[str, Scenario] = {
@@ -283,4 +349,6 @@ SCENARIOS: dict[str, Scenario] = {
     "concurrency": run_concurrency,
     "prefix": run_prefix_cache,
     "conversation": run_conversations,
+    "copy_edit": run_copy_edit,
+    "long_context": run_long_context,
 }
