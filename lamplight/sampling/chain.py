@@ -52,6 +52,10 @@ def sample_batch(
     if not samplers:
         return SampleResult([], [])
     forced_rows = _forced_rows(forced, allowed_mask, len(samplers))
+    if all(sampler.plain_greedy for sampler in samplers):
+        tokens = _best_tokens(logits, samplers, allowed_mask, forced_rows)
+        if tokens is not None:
+            return SampleResult(tokens, [None] * len(samplers))
     state = _run_chain(logits, samplers, allowed_mask, forced=forced_rows)
     distribution = _FinalDistribution.of(state)
     tokens = distribution.draw([s.draw_uniform() for s in samplers])
@@ -60,6 +64,28 @@ def sample_batch(
         tokens[row] = token  # the chain keeps it as the only candidate; this makes it certain
     _propose_mirostat_mu(distribution, tokens, samplers)
     return SampleResult(tokens, _token_probs(logits, distribution, tokens, samplers))
+
+
+def _best_tokens(logits: torch.Tensor, samplers: Sequence[SequenceSampler], allowed_mask: torch.Tensor | None,
+                 forced: dict[int, int]) -> list[int] | None:
+    """Rows that are all plain greedy (SequenceSampler.plain_greedy): the chain would keep each
+    row's best candidate after the mask, logit_bias and forced tokens, and the draw would pick it
+    (the lowest id among equal maxima, as the greedy step keeps), so that is computed directly.
+    None if a row has no candidate left (the chain's fallback decides)."""
+    work = logits.detach().to(torch.float32)
+    if allowed_mask is not None or forced or any(sampler.logit_bias for sampler in samplers):
+        work = work.clone()
+        if allowed_mask is not None:
+            truncation.keep_only(work, allowed_mask)
+        biased = [row for row, sampler in enumerate(samplers) if sampler.logit_bias]
+        if biased:
+            apply_logit_bias(work, biased, [samplers[row].logit_bias for row in biased])
+        if forced:
+            _keep_only_forced(work, forced)
+    best, tokens = work.max(dim=1)
+    if bool((best == NEG_INF).any()) or bool(torch.isnan(best).any()):
+        return None
+    return tokens.tolist()
 
 
 def run_chain(

@@ -45,6 +45,7 @@ class SequenceSampler:
         if params.ignore_eos:
             self.logit_bias += [(token, -math.inf) for token in sorted(eog_ids)]
         self.program: tuple[str | None, ...] = _program(params)
+        self.plain_greedy = _plain_greedy(params, self.program)
         self.penalty_window = _penalty_window(params, n_ctx) if "penalties" in self.program else None
         self.dry = _dry_state(params, tokenizer, n_ctx, breakers) if "dry" in self.program else None
 
@@ -103,6 +104,19 @@ def _program(params: SamplingParams) -> tuple[str | None, ...]:
         temperature = "temperature" if params.temperature != 1.0 else None
         return (temperature, f"mirostat_v{params.mirostat}")
     return tuple(name if _enabled(name, params) else None for name in parse_samplers(params.samplers))
+
+
+# Samplers that always keep the best candidate: before a greedy temperature step they change nothing.
+_KEEP_THE_BEST = frozenset({"top_k", "top_p", "min_p", "top_n_sigma", "temperature"})
+
+
+def _plain_greedy(params: SamplingParams, program: tuple[str | None, ...]) -> bool:
+    """Whether the row's token is the best logit after logit_bias (and a grammar mask or forced
+    token): a greedy temperature step, no sampler that can drop the best token or change the
+    logits, no probabilities to report. sample_batch then skips the chain."""
+    return (not params.mirostat and params.temperature <= 0.0 and params.dynatemp_range == 0.0
+            and params.n_probs == 0 and "temperature" in program
+            and all(step is None or step in _KEEP_THE_BEST for step in program))
 
 
 def _enabled(name: str, p: SamplingParams) -> bool:

@@ -1,0 +1,75 @@
+"""The greedy shortcut of sample_batch (SequenceSampler.plain_greedy): rows whose chain can only
+keep the best candidate get it without running the chain, and get exactly the chain's token."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from lamplight.sampling import SamplingParams, SequenceSampler, sample_batch
+
+VOCAB = 300
+
+
+def sampler(**params) -> SequenceSampler:
+    return SequenceSampler(SamplingParams(**params), n_ctx=512, eog_ids=frozenset({0, 1}))
+
+
+def chain_tokens(logits, samplers, **kwargs) -> list[int]:
+    """The tokens of the full chain, the shortcut turned off."""
+    saved = [s.plain_greedy for s in samplers]
+    for s in samplers:
+        s.plain_greedy = False
+    try:
+        return sample_batch(logits, samplers, **kwargs).token_ids
+    finally:
+        for s, value in zip(samplers, saved):
+            s.plain_greedy = value
+
+
+@pytest.mark.parametrize("params, shortcut", [
+    ({"temperature": 0.0}, True),
+    ({"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}, True),
+    ({"temperature": 0.0, "top_k": 3, "top_p": 0.5, "min_p": 0.2, "top_n_sigma": 1.0}, True),
+    ({"temperature": 0.0, "ignore_eos": True, "logit_bias": [(5, 30.0), (7, float("-inf"))]}, True),
+    ({"temperature": 0.0, "typical_p": 0.5}, False),  # typical may drop the best token
+    ({"temperature": 0.0, "xtc_probability": 1.0, "xtc_threshold": 0.1}, False),
+    ({"temperature": 0.0, "repeat_penalty": 1.3}, False),
+    ({"temperature": 0.0, "n_probs": 2}, False),
+    ({"temperature": 0.0, "dynatemp_range": 0.5}, False),
+    ({"temperature": 0.0, "mirostat": 2}, False),
+    ({"temperature": 0.7}, False),
+    ({"temperature": 0.0, "samplers": "km"}, False),  # no temperature step: not greedy
+])
+def test_the_shortcut_gives_the_chains_token(params, shortcut):
+    rng = random.Random(3)
+    rows = [sampler(**params) for _ in range(4)]
+    assert all(s.plain_greedy == shortcut for s in rows)
+    for s in rows:
+        s.accept_many([rng.randrange(VOCAB) for _ in range(20)])
+    for trial in range(20):
+        logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(trial))
+        logits[1, 10] = logits[1, 20] = logits[1].max() + 1.0  # equal maxima: the lower id wins
+        logits[2] = torch.round(logits[2])  # many ties
+        mask = torch.rand(4, VOCAB, generator=torch.Generator().manual_seed(100 + trial)) > 0.3
+        mask[3] = True
+        for kwargs in ({}, {"allowed_mask": mask}, {"forced": [None, 9, None, None]}):
+            assert sample_batch(logits, rows, **kwargs).token_ids == chain_tokens(logits, rows, **kwargs)
+
+
+def test_a_batch_mixing_greedy_and_sampled_rows_takes_the_chain_alike():
+    rows = [sampler(temperature=0.0), sampler(temperature=0.9, seed=4), sampler(temperature=0.0)]
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(1))
+    together = sample_batch(logits, rows).token_ids
+    alone = [sample_batch(logits[i:i + 1], [rows[i]]).token_ids[0] for i in range(3)]
+    assert together == alone
+    assert together[0] == int(logits[0].argmax()) and together[2] == int(logits[2].argmax())
+
+
+def test_a_row_left_without_candidates_falls_back_as_the_chain_does():
+    row = sampler(temperature=0.0)
+    logits = torch.randn(1, VOCAB)
+    mask = torch.zeros(1, VOCAB, dtype=torch.bool)
+    assert sample_batch(logits, [row], allowed_mask=mask).token_ids == chain_tokens(logits, [row], allowed_mask=mask)
