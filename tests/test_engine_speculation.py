@@ -5,14 +5,17 @@ seeded, alone or beside others, on every backend; only the number of steps chang
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import reference_path
-from model_helpers import runner_for
+from model_helpers import paged_state, runner_for
 from tiny_gguf import write_tiny_llama
 
 from lamplight.engine.config import EngineConfig
 from lamplight.engine.engine import Engine
+from lamplight.engine.kv_cache import BlockTable
 from lamplight.engine.types import FinalEvent, GenerationRequest, InvalidRequestError, TokenEvent
 from lamplight.gguf.file import GGUFFile
+from lamplight.models.batch import SequenceChunk
 from lamplight.native import runtime
 from lamplight.sampling import SamplingParams
 from lamplight.speculative import SpecConfig, SpecRequest
@@ -70,6 +73,23 @@ def assert_blocks_match_tokens(engine: Engine) -> None:
     for slot in engine.slots:
         assert slot.table.num_tokens == len(slot.cached_tokens)
         assert len(slot.table.blocks) == -(-slot.table.num_tokens // bs)
+
+
+def test_a_draft_as_one_chunk_is_computed_as_decode_rows(tiny):
+    """Where the runner says so (native), a draft is verified as one chunk: each of its rows gives
+    the bits of that position's decode step."""
+    runner, _ = tiny
+    if not runner.chunk_rows_are_decode_rows:
+        pytest.skip("this backend verifies drafts as one-token chunks")
+    state, cache = paged_state(runner, num_blocks=8, block_size=16)
+    table = BlockTable(cache)
+    table.fill_to(60)
+    runner.run([SequenceChunk(PROMPT, 0, table.slots(0, 40))], state)
+    tokens = [5, 9, 11, 13, 20, 30, 40, 50, 60, 70, 80, 90]
+    one_by_one = torch.cat([runner.run([SequenceChunk([t], 40 + i, table.slots(0, 41 + i))], state)
+                            for i, t in enumerate(tokens)])
+    chunk = SequenceChunk(tokens, 40, table.slots(0, 40 + len(tokens)), all_logits=True)
+    assert torch.equal(runner.run([chunk], state), one_by_one)
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])

@@ -7,6 +7,7 @@ import pytest
 
 from lamplight.speculative import SpecConfig, SpecRequest, SpeculatorFactory, parse_kinds
 from lamplight.speculative.config import NgramMapSizes, NgramModSizes, spec_config
+from lamplight.speculative.speculator import DraftCap
 from lamplight.speculative.ngram import NgramMap, NgramMod, NgramModTable, NgramSimple, TokenHistory
 
 TEXT = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
@@ -32,10 +33,13 @@ def test_ngram_simple_copies_what_followed_the_last_n_tokens():
 
 
 def test_ngram_simple_needs_n_tokens_after_the_match():
-    """llama.cpp drafts nothing when fewer than n tokens follow the match."""
+    """A match followed by fewer than n tokens drafts nothing; an earlier one followed by more does
+    (a loop shorter than n tokens)."""
     drafter = NgramSimple(NgramMapSizes(size_n=3, size_m=8))
     assert drafter.draft([0, 1, 2, 3, 4, 5, 40, 41, 42, 43, 44, 45, 1, 2, 3], 16) == [4, 5, 40, 41, 42, 43, 44, 45][:8]
-    assert NgramSimple(NgramMapSizes(size_n=3, size_m=8)).draft([0] + [9] * 8 + [5] * 5, 16) == []  # 1 follows
+    # a loop of one token: the nearest occurrences are followed by 1 or 2 tokens; an earlier one by 3
+    assert NgramSimple(NgramMapSizes(size_n=3, size_m=8)).draft([0] + [9] * 8 + [5] * 7, 16) == [5, 5, 5]
+    assert NgramSimple(NgramMapSizes(size_n=3, size_m=8)).draft([0] + [9] * 8 + [5] * 6, 16) == []
 
 
 def test_a_draft_stops_before_an_image_placeholder():
@@ -98,8 +102,28 @@ def test_the_first_kind_that_drafts_wins_and_hears_the_result():
     speculator.begin(tokens[:3])
     assert speculator.draft(tokens, 16) == [3, 4, 5]  # ngram-simple finds no 5-gram; map-k drafts
     assert speculator.last.kind == "ngram-map-k"
-    speculator.accepted(2)
+    speculator.accepted(3, 2)
     assert speculator.last.keys  # the map-k drafter kept the key's result
+
+
+def test_the_draft_cap_follows_the_sequences_acceptance():
+    """Drafts accepted whole double the cap; a rejection brings it to what was accepted plus two."""
+    cap = DraftCap()
+    assert cap.value == DraftCap.START == 8
+    cap.update(8, 8)
+    assert cap.value == 16
+    cap.update(5, 5)  # a short draft accepted whole: no evidence for more
+    assert cap.value == 16
+    cap.update(16, 3)
+    assert cap.value == 5
+    cap.update(5, 0)
+    assert cap.value == DraftCap.LEAST
+    speculator = SpeculatorFactory(SpecConfig(kinds=("ngram-simple",), ngram_simple=NgramMapSizes(size_n=1, size_m=10))
+                                   ).build(None)
+    tokens = [0] + list(range(1, 30)) + [1]
+    assert len(speculator.draft(tokens, 64)) == 8
+    speculator.accepted(8, 1)
+    assert len(speculator.draft(tokens, 64)) == 3
 
 
 def test_request_fields_choose_kinds_and_bound_drafts():

@@ -46,7 +46,7 @@ from .scheduler import Scheduler
 from .sequence import Sequence, SeqState
 from .slot_files import load_slot
 from .slots import Slot, common_prefix
-from .speculation import SpecStats, draft_chunks, draft_limit
+from .speculation import SpecStats, draft_chunks, draft_limit, verify_chunk
 from .types import (
     ContextExceededError,
     ErrorEvent,
@@ -408,8 +408,9 @@ class Engine:
                 elif seq.n_computed == seq.resume_to:  # computed again up to where it was preempted
                     seq.resume_to, seq.state = None, SeqState.DECODE
             if seq.draft and chunk.need_logits:
-                verified.setdefault(seq, []).append(row)
-                row += 1
+                n_rows = len(chunk.token_ids) if chunk.all_logits else 1
+                verified.setdefault(seq, []).extend(range(row, row + n_rows))
+                row += n_rows
             elif chunk.need_logits:
                 for target in self._guarded(seq.handle, self._sampling_targets, seq, default=[]):
                     sampled_seqs.append(target)
@@ -498,7 +499,7 @@ class Engine:
         step's decode tokens, within `budget` rows and the pool's free blocks (a draft never takes
         room from anyone); the rows it used."""
         used = 0
-        for seq, _ in list(plan):
+        for index, (seq, _) in enumerate(list(plan)):
             seq.draft = []
             if seq.speculator is None or used >= budget:
                 continue
@@ -509,7 +510,10 @@ class Engine:
             if draft:
                 seq.table.reserve(end + len(draft))
                 seq.draft = draft
-                plan.extend((seq, chunk) for chunk in draft_chunks(seq, draft))
+                if self.runner.chunk_rows_are_decode_rows:  # one chunk: its keys are read once
+                    plan[index] = (seq, verify_chunk(seq, draft))
+                else:
+                    plan.extend((seq, chunk) for chunk in draft_chunks(seq, draft))
                 used += len(draft)
         return used
 
@@ -538,7 +542,7 @@ class Engine:
             seq.table.truncate(pos + max(sampled, 1))
         seq.n_draft += len(draft)
         seq.n_draft_accepted += accepted
-        seq.speculator.accepted(accepted)
+        seq.speculator.accepted(len(draft), accepted)
         self.spec_stats.record(len(draft), accepted)
 
     def _room_for_decodes(self, running: list[Sequence]) -> None:

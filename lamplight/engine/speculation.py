@@ -36,6 +36,15 @@ def draft_chunks(seq: Sequence, draft: list[int]) -> list[SequenceChunk]:
             for i, token in enumerate(draft)]
 
 
+def verify_chunk(seq: Sequence, draft: list[int]) -> SequenceChunk:
+    """The decode token and its draft as one chunk with every row's logits: for runners whose
+    chunk rows are computed as decode rows (ModelRunner.chunk_rows_are_decode_rows)."""
+    pos = seq.n_computed
+    end = pos + 1 + len(draft)
+    return SequenceChunk([seq.tokens[pos], *draft], pos, seq.table.slots(0, end), all_logits=True,
+                         state_slot=seq.slot_id)
+
+
 @dataclass
 class SpecStats:
     """Totals for /metrics (llama-server's spec_decode_* names)."""

@@ -52,6 +52,8 @@ class NativeRunner(ModelRunner):
     backend = "native"
     default_cache_type = "f16"  # llama-server's default; the native attention reads f16 fast
     owns_threads = True
+    # Every row's matmuls are its own and a chunk's shared keys are converted exactly (src/forward.cpp).
+    chunk_rows_are_decode_rows = True
 
     def __init__(self, spec: DecoderSpec, lib: ctypes.CDLL, packed: bool = True):
         super().__init__(spec)

@@ -31,6 +31,10 @@ class ModelRunner(ABC):
     default_cache_type: str = "f32"
     # Whether the backend computes on threads of its own (PyTorch's then need only one).
     owns_threads: bool = False
+    # Whether each row of a multi-token chunk is computed exactly as a decode row (one-token
+    # chunk) at its position: then a speculative draft is verified as one chunk (its keys read
+    # once) instead of one chunk per drafted token.
+    chunk_rows_are_decode_rows: bool = False
 
     def __init__(self, spec: DecoderSpec):
         self.spec = spec

@@ -111,8 +111,10 @@ class Drafter:
 
 
 class NgramSimple(Drafter):
-    """ngram-simple: the last occurrence of the last n tokens, and the (at most m) tokens that
-    followed it; no draft unless at least n follow (common_ngram_simple_draft)."""
+    """ngram-simple: the last occurrence of the last n tokens that at least n tokens follow, and
+    the (at most m) tokens that followed it (common_ngram_simple_draft, which takes the last
+    occurrence and drafts nothing when fewer than n follow it: a loop shorter than n tokens
+    never drafted)."""
 
     kind = "ngram-simple"
 
@@ -125,11 +127,8 @@ class NgramSimple(Drafter):
         length = len(h) - 1  # llama.cpp's history: without the token just sampled
         if length <= n + self.m + 1:
             return []
-        j = h.last_occurrence(length + 1 - n, n, 1, length - n - 1)
-        if j < 0:
-            return []
-        count = min(self.m, length - (j + n))
-        return h.span(j + n, count) if count >= n else []
+        j = h.last_occurrence(length + 1 - n, n, 1, length - 2 * n)
+        return h.span(j + n, min(self.m, length - (j + n))) if j >= 0 else []
 
 
 class NgramMap(Drafter):

@@ -6,13 +6,33 @@ from .config import SpecConfig, SpecRequest
 from .ngram import Drafter, NgramMap, NgramMod, NgramModTable, NgramSimple
 
 
+class DraftCap:
+    """How many tokens a sequence's next draft may have: every verified row costs a share of a
+    step whether or not it is accepted, so a sequence whose drafts are rejected drafts little,
+    and one whose drafts are accepted whole doubles its cap (up to the kind's own size).
+    It reads only the sequence's own results, and drafts never change tokens anyway."""
+
+    START, LEAST, MOST = 8, 2, 1024
+
+    def __init__(self):
+        self.value = self.START
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if accepted == drafted:
+            self.value = min(self.value * 2, self.MOST) if drafted >= self.value else self.value
+        else:
+            self.value = max(self.LEAST, accepted + self.LEAST)
+
+
 class Speculator:
     """Drafts for one sequence: the first of its drafters that proposes something wins (as
-    llama.cpp tries its kinds in order); the winner hears how much of it was accepted."""
+    llama.cpp tries its kinds in order); the winner hears how much of it was accepted. A draft
+    is cut to the request's n_max and to the sequence's DraftCap."""
 
     def __init__(self, drafters: list[Drafter], n_max: int | None = None, n_min: int = 0):
         self.drafters = drafters
         self.n_max, self.n_min = n_max, n_min
+        self.cap = DraftCap()
         self.last: Drafter | None = None
 
     def begin(self, tokens: list[int]) -> None:
@@ -26,6 +46,7 @@ class Speculator:
     def draft(self, tokens: list[int], limit: int) -> list[int]:
         """At most `limit` tokens to verify after `tokens` (whose last is not yet computed)."""
         self.last = None
+        limit = min(limit, self.cap.value)
         if self.n_max is not None:
             limit = min(limit, self.n_max)
         if limit <= 0:
@@ -39,7 +60,9 @@ class Speculator:
                 return draft
         return []
 
-    def accepted(self, n_accepted: int) -> None:
+    def accepted(self, n_drafted: int, n_accepted: int) -> None:
+        """The last draft's `n_drafted` tokens were verified, the first `n_accepted` accepted."""
+        self.cap.update(n_drafted, n_accepted)
         if self.last is not None:
             self.last.accepted(n_accepted)
 
