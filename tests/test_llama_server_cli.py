@@ -301,7 +301,7 @@ def test_booleans_read_as_llama_cpp_reads_them(clean_env, text, value):
     ("LLAMA_ARG_ENDPOINT_METRICS", "maybe", "LLAMA_ARG_ENDPOINT_METRICS='maybe': not a boolean"),
     ("LLAMA_ARG_CTX_SIZE", "big", "LLAMA_ARG_CTX_SIZE='big': invalid int value: 'big'"),
     ("LLAMA_ARG_N_PARALLEL", "0", "LLAMA_ARG_N_PARALLEL='0': must be -1 (auto) or a number of slots >= 1, got 0"),
-    ("LLAMA_ARG_CACHE_TYPE_K", "q8_0", "LLAMA_ARG_CACHE_TYPE_K='q8_0': must be one of f32, f16, bf16"),
+    ("LLAMA_ARG_CACHE_TYPE_K", "q5_1", "LLAMA_ARG_CACHE_TYPE_K='q5_1': must be one of f32, f16, bf16, q8_0, q4_0"),
     ("LLAMA_ARG_MMPROJ_URL", "http://x/m.gguf", "LLAMA_ARG_MMPROJ_URL=http://x/m.gguf (--mmproj-url): not yet"),
     ("LLAMA_ARG_EMBEDDINGS", "maybe", "LLAMA_ARG_EMBEDDINGS='maybe': not a boolean"),
     ("LLAMA_ARG_PREFILL_ASSISTANT", "false", "LLAMA_ARG_PREFILL_ASSISTANT=false (--no-prefill-assistant): not yet"),

@@ -8,11 +8,13 @@ import torch
 
 from lamplight.serve_flags import MAX_DEFAULT_CTX, default_of
 from lamplight.speculative import SpecConfig
+from lamplight.state.kv import KVType
+from lamplight.state.kv_quant import QUANT_TYPES
 
 from .checkpoints import DEFAULT_INTERVAL, DEFAULT_PER_SLOT
 
 # `-ctk/-ctv` values (llama-server's names) this engine stores the KV cache in.
-CACHE_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+CACHE_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, **QUANT_TYPES}
 
 
 @dataclass
@@ -47,7 +49,7 @@ class EngineConfig:
     speculative: SpecConfig = field(default_factory=SpecConfig)
 
     @property
-    def cache_dtypes(self) -> tuple[torch.dtype, torch.dtype]:
+    def cache_dtypes(self) -> tuple[KVType, KVType]:
         return CACHE_TYPES[self.cache_type_k], CACHE_TYPES[self.cache_type_v]
 
     @property

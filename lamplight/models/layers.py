@@ -272,7 +272,7 @@ def paged_attention(
     if k is not None:
         kv.write(layer, batch.kv_write_slots, k, v)
     n_tokens, n_heads, _ = q.shape
-    n_kv, dv = kv.k[layer].shape[0], kv.v[layer].shape[-1]
+    n_kv, _, dv = kv.layout.shape(layer)
     out = None
     for group in batch.groups:
         keys, values = kv.gather(layer, group.kv_index)  # [Hkv, B, C, D]

@@ -28,6 +28,7 @@ from ..models.spec import (DecoderSpec, DeltaNetSpec, ExpertsSpec, FeedForwardSp
 from ..runner.base import ModelRunner
 from ..state import ModelState
 from ..state.kv import KVPool
+from ..state.kv_quant import KVQuant
 from ..state.recurrent import RecurrentPool
 from . import abi
 from .abi import NativeUnsupported
@@ -38,6 +39,11 @@ _ACTIVATIONS = {"silu": abi.LP_ACT_SILU, "gelu_tanh": abi.LP_ACT_GELU_TANH, "gel
                 "swiglu_oai": abi.LP_ACT_SWIGLU_OAI}
 
 KV_TYPES = {torch.float32: abi.LP_KV_F32, torch.float16: abi.LP_KV_F16, torch.bfloat16: abi.LP_KV_BF16}
+
+
+def native_kv_type(kind) -> int:
+    """The C side's LP_KV_* of a pool's K or V type (a torch dtype or a kv_quant type)."""
+    return kind.native_id if isinstance(kind, KVQuant) else KV_TYPES[kind]
 
 
 def _ptr(t) -> int | None:
@@ -322,11 +328,11 @@ class NativeRunner(ModelRunner):
             n = len(kv.k)
             desc = abi.KV()
             layout = kv.layout
-            shapes = [(k.shape[0], k.shape[2], v.shape[2]) for k, v in zip(kv.k, kv.v)]
+            shapes = [layout.shape(layer) for layer in range(n)]
             expected = [a.kv_shape for layer in self.spec.layers if (a := layer.attn) is not None and a.owns_kv]
             if shapes != expected or layout != self.spec.state_spec.kv:
                 raise ValueError(f"native forward: a KV pool of layout {layout}, the model's is {self.spec.state_spec.kv}")
-            desc.k_type, desc.v_type = KV_TYPES[kv.k[0].dtype], KV_TYPES[kv.v[0].dtype]
+            desc.k_type, desc.v_type = native_kv_type(kv.k_type), native_kv_type(kv.v_type)
             desc.pool_tokens = kv.k[0].shape[1]
             desc.n_layers = n  # the C side checks the pool has the model's layers
             desc._k = (ctypes.c_void_p * n)(*(t.data_ptr() for t in kv.k))

@@ -23,6 +23,7 @@ from ..models.config import ModelConfig
 from ..models.lora import LoraScales
 from ..models.spec import DecoderSpec
 from ..state import ModelState, StateSpec
+from ..state.kv import KVType
 
 
 class ModelRunner(ABC):
@@ -48,7 +49,7 @@ class ModelRunner(ABC):
     def state_spec(self) -> StateSpec:
         return self.spec.state_spec
 
-    def new_state(self, num_tokens: int, k_dtype: torch.dtype = torch.float32, v_dtype: torch.dtype | None = None,
+    def new_state(self, num_tokens: int, k_dtype: KVType = torch.float32, v_dtype: KVType | None = None,
                   device: torch.device | str = "cpu", n_sequences: int = 1) -> ModelState:
         """Storage for `num_tokens` token positions of K/V shared by all sequences, and (models
         with recurrent layers) `n_sequences` recurrent state slots (SequenceChunk.state_slot)."""

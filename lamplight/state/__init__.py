@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kv import KVLayout, KVPool
+from .kv import KVLayout, KVPool, KVType
 from .recurrent import RecurrentLayout, RecurrentPool
 
 
@@ -26,7 +26,7 @@ class StateSpec:
     kv: KVLayout  # attention layers' keys and values, one entry per token position
     recurrent: tuple[RecurrentLayout, ...] = ()  # one per recurrent layer, in layer order
 
-    def bytes_per_token(self, k_dtype: torch.dtype = torch.float32, v_dtype: torch.dtype | None = None) -> int:
+    def bytes_per_token(self, k_dtype: KVType = torch.float32, v_dtype: KVType | None = None) -> int:
         return self.kv.bytes_per_token(k_dtype, v_dtype)
 
     def recurrent_bytes_per_sequence(self) -> int:
@@ -42,8 +42,8 @@ class ModelState:
     recurrent: RecurrentPool | None = None  # None: the model has no recurrent layer
 
     @classmethod
-    def allocate(cls, spec: StateSpec, num_tokens: int, k_dtype: torch.dtype = torch.float32,
-                 v_dtype: torch.dtype | None = None, device: torch.device | str = "cpu",
+    def allocate(cls, spec: StateSpec, num_tokens: int, k_dtype: KVType = torch.float32,
+                 v_dtype: KVType | None = None, device: torch.device | str = "cpu",
                  n_sequences: int = 1) -> "ModelState":
         """`num_tokens` K/V entries, and `n_sequences` recurrent slots where the model has
         recurrent layers."""

@@ -15,6 +15,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .kv_quant import KVQuant
+
+# What a pool stores K or V as: a torch dtype (f32, f16, bf16), or a block-quantized type.
+KVType = torch.dtype | KVQuant
+
+
+def type_bits(kind: KVType) -> float:
+    return kind.bits if isinstance(kind, KVQuant) else torch.finfo(kind).bits
+
 
 @dataclass(frozen=True)
 class KVLayout:
@@ -42,10 +51,10 @@ class KVLayout:
         """(n_kv_heads, head_dim_k, head_dim_v) of one layer."""
         return self.layer_shapes[layer] if self.layer_shapes else (self.n_kv_heads, self.head_dim_k, self.head_dim_v)
 
-    def bytes_per_token(self, k_dtype: torch.dtype = torch.float32, v_dtype: torch.dtype | None = None) -> int:
-        k_bits, v_bits = torch.finfo(k_dtype).bits, torch.finfo(v_dtype or k_dtype).bits
+    def bytes_per_token(self, k_dtype: KVType = torch.float32, v_dtype: KVType | None = None) -> int:
+        k_bits, v_bits = type_bits(k_dtype), type_bits(v_dtype or k_dtype)
         shapes = [self.shape(layer) for layer in range(self.num_layers)]
-        return sum(n * (dk * k_bits + dv * v_bits) for n, dk, dv in shapes) // 8
+        return int(sum(n * (dk * k_bits + dv * v_bits) for n, dk, dv in shapes) // 8)
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
@@ -60,16 +69,21 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device 
 
 
 class KVPool:
-    def __init__(self, layout: KVLayout, num_tokens: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", v_dtype: torch.dtype | None = None):
+    """`k[layer]`, `v[layer]`: [n_kv_heads, num_tokens, head_dim] of a dtype, or of a quantized
+    type [n_kv_heads, num_tokens, row bytes] uint8 (lamplight.state.kv_quant); `k_type` and
+    `v_type` say which. write/read/gather take and give float values either way."""
+
+    def __init__(self, layout: KVLayout, num_tokens: int, dtype: KVType = torch.float32,
+                 device: torch.device | str = "cpu", v_dtype: KVType | None = None):
         self.layout = layout
         self.num_tokens = num_tokens
         self._device = torch.device(device)  # also for a model without attention layers
+        self.k_type, self.v_type = dtype, v_dtype or dtype
         self.k, self.v = [], []
         for layer in range(layout.num_layers):
             n_kv, dk, dv = layout.shape(layer)
-            self.k.append(lazy_zeros((n_kv, num_tokens, dk), dtype, device))
-            self.v.append(lazy_zeros((n_kv, num_tokens, dv), v_dtype or dtype, device))
+            self.k.append(_storage(n_kv, num_tokens, dk, self.k_type, device))
+            self.v.append(_storage(n_kv, num_tokens, dv, self.v_type, device))
 
     @property
     def device(self) -> torch.device:
@@ -77,18 +91,23 @@ class KVPool:
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K/V of tokens ([T, n_kv_heads, head_dim]) at pool indices `slots` ([T])."""
-        self.k[layer].index_copy_(1, slots, k.transpose(0, 1).to(self.k[layer].dtype))
-        self.v[layer].index_copy_(1, slots, v.transpose(0, 1).to(self.v[layer].dtype))
+        self.k[layer].index_copy_(1, slots, _encode(k.transpose(0, 1), self.k_type))
+        self.v[layer].index_copy_(1, slots, _encode(v.transpose(0, 1), self.v_type))
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V at pool indices `slots`, token-major: [T, n_kv_heads, head_dim]."""
-        return self.k[layer][:, slots].transpose(0, 1), self.v[layer][:, slots].transpose(0, 1)
+        """K/V at pool indices `slots`, token-major: [T, n_kv_heads, head_dim] (a quantized
+        type's values dequantized to float32)."""
+        _, dk, dv = self.layout.shape(layer)
+        k = _decode(self.k[layer][:, slots], self.k_type, dk)
+        v = _decode(self.v[layer][:, slots], self.v_type, dv)
+        return k.transpose(0, 1), v.transpose(0, 1)
 
     def gather(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V at pool indices `index` ([B, C]), head-major: [n_kv_heads, B, C, head_dim]."""
         flat = index.reshape(-1)
-        k = self.k[layer].index_select(1, flat)
-        v = self.v[layer].index_select(1, flat)
+        _, dk, dv = self.layout.shape(layer)
+        k = _decode(self.k[layer].index_select(1, flat), self.k_type, dk)
+        v = _decode(self.v[layer].index_select(1, flat), self.v_type, dv)
         return k.view(k.shape[0], *index.shape, k.shape[-1]), v.view(v.shape[0], *index.shape, v.shape[-1])
 
     def copy_tokens(self, src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -96,3 +115,17 @@ class KVPool:
         for layer in range(self.layout.num_layers):
             self.k[layer][:, dst] = self.k[layer][:, src]
             self.v[layer][:, dst] = self.v[layer][:, src]
+
+
+def _storage(n_kv: int, num_tokens: int, dim: int, kind: KVType, device) -> torch.Tensor:
+    if isinstance(kind, KVQuant):
+        return lazy_zeros((n_kv, num_tokens, kind.row_bytes(dim)), torch.uint8, device)
+    return lazy_zeros((n_kv, num_tokens, dim), kind, device)
+
+
+def _encode(x: torch.Tensor, kind: KVType) -> torch.Tensor:
+    return kind.quantize(x) if isinstance(kind, KVQuant) else x.to(kind)
+
+
+def _decode(stored: torch.Tensor, kind: KVType, dim: int) -> torch.Tensor:
+    return kind.dequantize(stored, dim) if isinstance(kind, KVQuant) else stored

@@ -75,8 +75,69 @@ uint16_t float_to_bf16(float f) {
     return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
 }
 
+// Block-quantized KV rows (lamplight/state/kv_quant.py, ggml's q8_0 and q4_0 with its reference
+// rounding): blocks of 32 values, each an fp16 scale then the quants. `index` counts values (a
+// multiple of 32), so a row starts at byte index / 32 * block bytes.
+constexpr int QBLOCK = 32;
+
+int block_bytes(int type) { return type == LP_KV_Q8_0 ? 2 + QBLOCK : 2 + QBLOCK / 2; }
+
+float c_round(float x) {  // C's roundf, written out so that it matches kv_quant's to the bit
+    float t = std::trunc(x);
+    return std::fabs(x - t) >= 0.5f ? t + (x < 0 ? -1.0f : 1.0f) : t;
+}
+
+void load_quantized(const uint8_t* block, int type, int n, float* out) {
+    for (int b = 0; b < n / QBLOCK; b++, block += block_bytes(type), out += QBLOCK) {
+        uint16_t bits;
+        std::memcpy(&bits, block, 2);
+        float d = half_to_float(bits);
+        const uint8_t* q = block + 2;
+        if (type == LP_KV_Q8_0) {
+            for (int i = 0; i < QBLOCK; i++) out[i] = (float)(int8_t)q[i] * d;
+        } else {
+            for (int i = 0; i < QBLOCK / 2; i++) {
+                out[i] = (float)((int)(q[i] & 0x0f) - 8) * d;
+                out[i + QBLOCK / 2] = (float)((int)(q[i] >> 4) - 8) * d;
+            }
+        }
+    }
+}
+
+void store_quantized(uint8_t* block, int type, int n, const float* x) {
+    for (int b = 0; b < n / QBLOCK; b++, block += block_bytes(type), x += QBLOCK) {
+        float amax = 0.0f, max = 0.0f;
+        for (int i = 0; i < QBLOCK; i++) {
+            if (amax < std::fabs(x[i])) {
+                amax = std::fabs(x[i]);
+                max = x[i];
+            }
+        }
+        float d = type == LP_KV_Q8_0 ? amax / 127.0f : max / -8.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t bits = float_to_half(d);
+        std::memcpy(block, &bits, 2);
+        uint8_t* q = block + 2;
+        if (type == LP_KV_Q8_0) {
+            for (int i = 0; i < QBLOCK; i++) q[i] = (uint8_t)(int8_t)c_round(x[i] * id);
+        } else {
+            for (int i = 0; i < QBLOCK / 2; i++) {
+                int lo = std::min(15, (int)(int8_t)(x[i] * id + 8.5f));
+                int hi = std::min(15, (int)(int8_t)(x[i + QBLOCK / 2] * id + 8.5f));
+                q[i] = (uint8_t)(lo | (hi << 4));
+            }
+        }
+    }
+}
+
+bool quantized(int type) { return type == LP_KV_Q8_0 || type == LP_KV_Q4_0; }
+
 // A KV row of `n` values as float32 into `out`.
 void load_kv(const void* base, int type, int64_t index, int n, float* out) {
+    if (quantized(type)) {
+        load_quantized((const uint8_t*)base + index / QBLOCK * block_bytes(type), type, n, out);
+        return;
+    }
     if (type == LP_KV_F32) {
         std::memcpy(out, (const float*)base + index, n * sizeof(float));
         return;
@@ -94,6 +155,10 @@ void load_kv(const void* base, int type, int64_t index, int n, float* out) {
 }
 
 void store_kv(void* base, int type, int64_t index, int n, const float* in) {
+    if (quantized(type)) {
+        store_quantized((uint8_t*)base + index / QBLOCK * block_bytes(type), type, n, in);
+        return;
+    }
     if (type == LP_KV_F32) {
         std::memcpy((float*)base + index, in, n * sizeof(float));
         return;
@@ -1045,7 +1110,7 @@ int32_t check_model(Model& m) {
 }
 
 int32_t check_pool(const LpKV& kv, int32_t n_kv_layers) {
-    auto known = [](int32_t type) { return type == LP_KV_F32 || type == LP_KV_F16 || type == LP_KV_BF16; };
+    auto known = [](int32_t type) { return type == LP_KV_F32 || type == LP_KV_F16 || type == LP_KV_BF16 || quantized(type); };
     if (kv.n_layers != n_kv_layers || !kv.k || !kv.v || kv.pool_tokens < 0 || !known(kv.k_type) || !known(kv.v_type))
         return lp::fail(LP_ERR_ARGUMENT, "the KV pool (%d layers, %lld tokens, types %d/%d) is not one for this model "
                         "(%d KV layers)", kv.n_layers, (long long)kv.pool_tokens, kv.k_type, kv.v_type, n_kv_layers);

@@ -127,7 +127,7 @@ enum { LP_KV_SHARED = 1, LP_V_FROM_K = 2, LP_V_NORM = 4 };
 enum { LP_ACT_SILU = 0, LP_ACT_GELU_TANH = 1, LP_ACT_SWIGLU_OAI = 2 };
 // softmax: top-k of the softmax over all experts; selected: top-k of the logits, softmax over them.
 enum { LP_GATING_SOFTMAX = 0, LP_GATING_SOFTMAX_SELECTED = 1 };
-enum { LP_KV_F32 = 0, LP_KV_F16 = 1, LP_KV_BF16 = 2 };
+enum { LP_KV_F32 = 0, LP_KV_F16 = 1, LP_KV_BF16 = 2, LP_KV_Q8_0 = 3, LP_KV_Q4_0 = 4 };  // quantized: blocks of 32 (kv_quant.py)
 
 typedef struct LpConfig {
     int32_t n_layers, n_embd, n_heads, n_kv_heads, head_dim_k, head_dim_v, n_ff, vocab;

@@ -1,0 +1,137 @@
+"""Quantized KV cache (-ctk/-ctv q8_0, q4_0; lamplight.state.kv_quant): ggml's block formats to
+the byte, written alike by the PyTorch pool and the native forward, and a request's tokens are
+the same alone or beside others and from run to run with the same KV type."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from model_helpers import runner_for
+from tiny_gguf import write_tiny_llama
+
+from lamplight.engine.config import EngineConfig
+from lamplight.engine.engine import Engine
+from lamplight.engine.types import FinalEvent, GenerationRequest
+from lamplight.gguf.file import GGUFFile
+from lamplight.models.batch import SequenceChunk
+from lamplight.native import runtime
+from lamplight.sampling import SamplingParams
+from lamplight.state.kv import KVLayout, KVPool
+from lamplight.state.kv_quant import QUANT_TYPES
+from lamplight.tokenizer import Tokenizer
+
+GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
+
+
+def edge_rows() -> torch.Tensor:
+    """Random rows and the blocks rounding cares about: zeros, equal magnitudes, exact halves."""
+    rows = torch.randn(40, 128, generator=torch.Generator().manual_seed(0)) * 3
+    rows[0] = 0.0
+    rows[1, :32] = torch.tensor([1.0, -1.0] * 16)
+    rows[2, :32] = torch.arange(32, dtype=torch.float32) - 16.5  # many values on a .5 after scaling
+    rows[3, :32] = 127.0 * torch.tensor([0.5, 1.5, 2.5, -0.5] * 8) / 127.0
+    rows[4] = rows[4] * 1e-6
+    return rows
+
+
+@pytest.mark.parametrize("name", QUANT_TYPES)
+def test_blocks_are_ggmls_to_the_byte(name):
+    kind = QUANT_TYPES[name]
+    rows = edge_rows()
+    ours = kind.quantize(rows).numpy()
+    reference = gguf.quantize(rows.numpy(), GGML[name]).reshape(ours.shape)
+    assert np.array_equal(ours, reference)
+    assert np.array_equal(kind.dequantize(torch.from_numpy(reference), 128).numpy(),
+                          gguf.dequantize(reference, GGML[name]).reshape(rows.shape))
+    assert kind.row_bytes(128) == ours.shape[-1] and kind.bits == {"q8_0": 8.5, "q4_0": 4.5}[name]
+
+
+@pytest.mark.parametrize("name", QUANT_TYPES)
+def test_a_stored_row_read_and_written_again_keeps_its_bytes(name):
+    """The prompt cache and slot files copy K/V out as floats and back: the same bytes."""
+    kind = QUANT_TYPES[name]
+    stored = kind.quantize(edge_rows())
+    assert torch.equal(kind.quantize(kind.dequantize(stored, 128)), stored)
+
+
+@pytest.mark.parametrize("name", QUANT_TYPES)
+def test_the_pool_stores_quantized_rows(name):
+    kind = QUANT_TYPES[name]
+    layout = KVLayout(2, 2, 64, 32)
+    pool = KVPool(layout, 16, kind)
+    assert pool.k[0].dtype == torch.uint8 and pool.k[0].shape == (2, 16, kind.row_bytes(64))
+    assert layout.bytes_per_token(kind) == 2 * 2 * (64 + 32) * kind.bits / 8
+    k, v = torch.randn(3, 2, 64), torch.randn(3, 2, 32)
+    slots = torch.tensor([5, 1, 9])
+    pool.write(1, slots, k, v)
+    read_k, read_v = pool.read(1, slots)
+    assert torch.equal(read_k, kind.dequantize(kind.quantize(k), 64))
+    assert torch.equal(read_v, kind.dequantize(kind.quantize(v), 32))
+    gathered_k, _ = pool.gather(1, torch.tensor([[9, 5]]))
+    assert gathered_k.shape == (2, 1, 2, 64) and torch.equal(gathered_k[:, 0, 0], read_k[2])
+    pool.copy_tokens(torch.tensor([9]), torch.tensor([3]))
+    assert torch.equal(pool.read(1, torch.tensor([3]))[0], read_k[2:3])
+    with pytest.raises(ValueError, match="head size 48 is not a multiple of 32"):
+        KVPool(KVLayout(1, 1, 48, 48), 4, kind)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    # n_embd 128: head size 32, the quantized types' block
+    return write_tiny_llama(tmp_path_factory.mktemp("kvq") / "tiny.gguf", n_ctx=512, n_embd=128)
+
+
+@pytest.mark.parametrize("name", QUANT_TYPES)
+def test_the_native_forward_writes_the_same_blocks(tiny, name):
+    """The first layer's K/V of a prompt, computed in float32 and quantized by kv_quant, are the
+    bytes the native forward stores itself."""
+    if runtime.library() is None:
+        pytest.skip(f"no native library: {runtime.unavailable_reason()}")
+    kind = QUANT_TYPES[name]
+    runner = runner_for(GGUFFile(tiny), "native")
+    prompt = [3 + (i * 17) % 200 for i in range(70)]
+    plain, quantized = runner.new_state(80, torch.float32), runner.new_state(80, kind)
+    for state in (plain, quantized):
+        runner.run([SequenceChunk(prompt, 0, list(range(70)))], state)
+    assert torch.equal(quantized.kv.k[0][:, :70], kind.quantize(plain.kv.k[0][:, :70]))
+    assert torch.equal(quantized.kv.v[0][:, :70], kind.quantize(plain.kv.v[0][:, :70]))
+
+
+@pytest.mark.parametrize("backend", ["reference", "native"])
+@pytest.mark.parametrize("name", QUANT_TYPES)
+def test_tokens_do_not_depend_on_the_batch_or_the_run(tiny, backend, name):
+    if backend == "native" and runtime.library() is None:
+        pytest.skip(f"no native library: {runtime.unavailable_reason()}")
+    gguf_file = GGUFFile(tiny)
+    runner, tokenizer = runner_for(gguf_file, backend), Tokenizer.from_gguf(gguf_file)
+    seeded = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=3, ignore_eos=True)
+    prompts = [[3 + (i * k) % 200 for i in range(20 + 7 * k)] for k in range(1, 4)]
+
+    def run(engine, requests):
+        handles = [engine.submit(r) for r in requests]
+        return [next(e for e in h.iter_events(timeout=120) if isinstance(e, FinalEvent)).token_ids for h in handles]
+
+    results = []
+    for _ in range(2):
+        engine = Engine(runner, tokenizer, EngineConfig(n_ctx=512, n_parallel=3, kv_unified=True, n_ubatch=32,
+                                                         cache_type_k=name, cache_type_v=name))
+        engine.start()
+        try:
+            requests = [GenerationRequest(p, seeded, n_predict=24) for p in prompts]
+            alone = [run(engine, [r])[0] for r in requests]
+            together = run(engine, requests)
+        finally:
+            engine.stop()
+        assert together == alone
+        results.append(alone)
+    assert results[0] == results[1]
+
+
+def test_a_head_size_off_the_block_is_refused_at_start(tmp_path):
+    path = write_tiny_llama(tmp_path / "narrow.gguf", n_embd=64)  # head size 16
+    gguf_file = GGUFFile(path)
+    with pytest.raises(ValueError, match="-ctk/-ctv q8_0: head size 16 is not a multiple of 32"):
+        Engine(runner_for(gguf_file), Tokenizer.from_gguf(gguf_file),
+               EngineConfig(n_ctx=256, n_parallel=1, cache_type_k="q8_0", cache_type_v="f16"))
