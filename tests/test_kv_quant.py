@@ -135,3 +135,22 @@ def test_a_head_size_off_the_block_is_refused_at_start(tmp_path):
     with pytest.raises(ValueError, match="-ctk/-ctv q8_0: head size 16 is not a multiple of 32"):
         Engine(runner_for(gguf_file), Tokenizer.from_gguf(gguf_file),
                EngineConfig(n_ctx=256, n_parallel=1, cache_type_k="q8_0", cache_type_v="f16"))
+
+
+@pytest.mark.parametrize("name", QUANT_TYPES)
+def test_the_native_forward_reads_the_blocks_as_kv_quant_dequantizes_them(tiny, name):
+    """A native decode step over its quantized cache, and over a float32 cache holding
+    kv_quant's dequantized values of the same rows: they differ only by the step's own row (stored
+    quantized in one, exact in the other), far below what a misread block would change."""
+    if runtime.library() is None:
+        pytest.skip(f"no native library: {runtime.unavailable_reason()}")
+    kind = QUANT_TYPES[name]
+    native = runner_for(GGUFFile(tiny), "native")
+    prompt = [3 + (i * 13) % 200 for i in range(50)]
+    quantized, plain = native.new_state(64, kind), native.new_state(64, torch.float32)
+    native.run([SequenceChunk(prompt, 0, list(range(50)))], quantized)
+    slots = torch.arange(50)
+    for layer in range(len(quantized.kv.k)):
+        plain.kv.write(layer, slots, *quantized.kv.read(layer, slots))
+    step = [SequenceChunk([9], 50, list(range(51)))]
+    torch.testing.assert_close(native.run(step, quantized), native.run(step, plain), atol=1e-3, rtol=0)

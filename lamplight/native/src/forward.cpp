@@ -94,7 +94,15 @@ void load_quantized(const uint8_t* block, int type, int n, float* out) {
         float d = half_to_float(bits);
         const uint8_t* q = block + 2;
         if (type == LP_KV_Q8_0) {
-            for (int i = 0; i < QBLOCK; i++) out[i] = (float)(int8_t)q[i] * d;
+            int i = 0;
+#if defined(__AVX2__)
+            __m256 scale = _mm256_set1_ps(d);  // the same product as the scalar loop's, 8 at a time
+            for (; i < QBLOCK; i += 8) {
+                __m256i q32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(q + i)));
+                _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(q32), scale));
+            }
+#endif
+            for (; i < QBLOCK; i++) out[i] = (float)(int8_t)q[i] * d;
         } else {
             for (int i = 0; i < QBLOCK / 2; i++) {
                 out[i] = (float)((int)(q[i] & 0x0f) - 8) * d;
