@@ -1,4 +1,4 @@
-"""Quantized KV cache (-ctk/-ctv q8_0, q4_0; lamplight.state.kv_quant): ggml's block formats to
+"""Quantized KV cache (-ctk/-ctv q8_0, q4_0, q4_1, q5_0, q5_1; lamplight.state.kv_quant): ggml's block formats to
 the byte, written alike by the PyTorch pool and the native forward, and a request's tokens are
 the same alone or beside others and from run to run with the same KV type."""
 
@@ -22,7 +22,8 @@ from lamplight.state.kv import KVLayout, KVPool
 from lamplight.state.kv_quant import QUANT_TYPES
 from lamplight.tokenizer import Tokenizer
 
-GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
+GGML = {name: getattr(gguf.GGMLQuantizationType, name.upper()) for name in QUANT_TYPES}
+BITS = {"q8_0": 8.5, "q4_0": 4.5, "q4_1": 5.0, "q5_0": 5.5, "q5_1": 6.0}
 
 
 def edge_rows() -> torch.Tensor:
@@ -45,7 +46,7 @@ def test_blocks_are_ggmls_to_the_byte(name):
     assert np.array_equal(ours, reference)
     assert np.array_equal(kind.dequantize(torch.from_numpy(reference), 128).numpy(),
                           gguf.dequantize(reference, GGML[name]).reshape(rows.shape))
-    assert kind.row_bytes(128) == ours.shape[-1] and kind.bits == {"q8_0": 8.5, "q4_0": 4.5}[name]
+    assert kind.row_bytes(128) == ours.shape[-1] and kind.bits == BITS[name]
 
 
 @pytest.mark.parametrize("name", QUANT_TYPES)
@@ -138,19 +139,17 @@ def test_a_head_size_off_the_block_is_refused_at_start(tmp_path):
 
 
 @pytest.mark.parametrize("name", QUANT_TYPES)
-def test_the_native_forward_reads_the_blocks_as_kv_quant_dequantizes_them(tiny, name):
-    """A native decode step over its quantized cache, and over a float32 cache holding
-    kv_quant's dequantized values of the same rows: they differ only by the step's own row (stored
-    quantized in one, exact in the other), far below what a misread block would change."""
-    if runtime.library() is None:
+def test_the_native_forward_stores_and_reads_blocks_as_kv_quant_does(name):
+    """The forward's own row conversions (lp_kv_rows): its blocks are kv_quant's bytes, and what it
+    reads from kv_quant's blocks is kv_quant's dequantized values, bit for bit."""
+    lib = runtime.library()
+    if lib is None:
         pytest.skip(f"no native library: {runtime.unavailable_reason()}")
     kind = QUANT_TYPES[name]
-    native = runner_for(GGUFFile(tiny), "native")
-    prompt = [3 + (i * 13) % 200 for i in range(50)]
-    quantized, plain = native.new_state(64, kind), native.new_state(64, torch.float32)
-    native.run([SequenceChunk(prompt, 0, list(range(50)))], quantized)
-    slots = torch.arange(50)
-    for layer in range(len(quantized.kv.k)):
-        plain.kv.write(layer, slots, *quantized.kv.read(layer, slots))
-    step = [SequenceChunk([9], 50, list(range(51)))]
-    torch.testing.assert_close(native.run(step, quantized), native.run(step, plain), atol=1e-3, rtol=0)
+    rows = edge_rows().contiguous()
+    stored = torch.zeros(rows.shape[0], kind.row_bytes(128), dtype=torch.uint8)
+    assert lib.lp_kv_rows(kind.native_id, 1, stored.data_ptr(), rows.shape[0], 128, rows.data_ptr()) == 0
+    assert torch.equal(stored, kind.quantize(rows))
+    read = torch.empty_like(rows)
+    assert lib.lp_kv_rows(kind.native_id, 0, stored.data_ptr(), rows.shape[0], 128, read.data_ptr()) == 0
+    assert torch.equal(read, kind.dequantize(stored, 128))

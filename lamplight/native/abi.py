@@ -16,7 +16,7 @@ from ctypes import POINTER, c_char_p, c_float, c_int32, c_int64, c_size_t, c_voi
 LP_ACT_SILU, LP_ACT_GELU_TANH, LP_ACT_SWIGLU_OAI = 0, 1, 2
 LP_GATING_SOFTMAX, LP_GATING_SOFTMAX_SELECTED = 0, 1
 MAX_EXPERTS, MAX_EXPERTS_USED = 1024, 64
-LP_KV_F32, LP_KV_F16, LP_KV_BF16, LP_KV_Q8_0, LP_KV_Q4_0 = 0, 1, 2, 3, 4
+LP_KV_F32, LP_KV_F16, LP_KV_BF16, LP_KV_Q8_0, LP_KV_Q4_0, LP_KV_Q4_1, LP_KV_Q5_0, LP_KV_Q5_1 = range(8)
 LP_KV_SHARED, LP_V_FROM_K, LP_V_NORM = 1, 2, 4  # LpLayer.kv_flags
 MAX_PARTS = 4
 LP_MIX_DELTANET, LP_MIX_SHORTCONV, LP_MIX_MAMBA2 = 1, 2, 3  # LpRecurrent.kind (src/recurrent.h)
@@ -141,7 +141,7 @@ def constants() -> dict[str, int]:
         "LP_ACT_SILU": LP_ACT_SILU, "LP_ACT_GELU_TANH": LP_ACT_GELU_TANH, "LP_ACT_SWIGLU_OAI": LP_ACT_SWIGLU_OAI,
         "LP_GATING_SOFTMAX": LP_GATING_SOFTMAX, "LP_GATING_SOFTMAX_SELECTED": LP_GATING_SOFTMAX_SELECTED,
         "LP_KV_F32": LP_KV_F32, "LP_KV_F16": LP_KV_F16, "LP_KV_BF16": LP_KV_BF16, "LP_KV_Q8_0": LP_KV_Q8_0,
-        "LP_KV_Q4_0": LP_KV_Q4_0, "LP_MIX_DELTANET": LP_MIX_DELTANET,
+        "LP_KV_Q4_0": LP_KV_Q4_0, "LP_KV_Q4_1": LP_KV_Q4_1, "LP_KV_Q5_0": LP_KV_Q5_0, "LP_KV_Q5_1": LP_KV_Q5_1, "LP_MIX_DELTANET": LP_MIX_DELTANET,
         "LP_KV_SHARED": LP_KV_SHARED, "LP_V_FROM_K": LP_V_FROM_K, "LP_V_NORM": LP_V_NORM,
         "LP_MIX_SHORTCONV": LP_MIX_SHORTCONV, "LP_MIX_MAMBA2": LP_MIX_MAMBA2,
         "LP_MAX_PARTS": MAX_PARTS, "LP_MAX_EXPERTS": MAX_EXPERTS, "LP_MAX_EXPERTS_USED": MAX_EXPERTS_USED,
@@ -294,6 +294,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.lp_model_scratch_bytes.restype = c_int64
     lib.lp_profile.argtypes = [c_int32, POINTER(ctypes.c_double)]
     lib.lp_profile.restype = c_int32
+    lib.lp_kv_rows.argtypes = [c_int32, c_int32, ctypes.c_void_p, ctypes.c_int64, c_int32, ctypes.c_void_p]
+    lib.lp_kv_rows.restype = c_int32
     lib.lp_set_threads.argtypes = [c_int32]
     lib.lp_set_threads.restype = c_int32  # LP_OK, or fewer threads started (lp_get_threads says how many)
     lib.lp_get_threads.argtypes = []

@@ -1,12 +1,12 @@
-"""Quantized KV storage (`-ctk/-ctv q8_0 | q4_0`): each head's row of K or V in blocks of 32
-values, in ggml's block formats and with its reference rounding (quantize_row_q8_0_ref,
-quantize_row_q4_0_ref), so a value is stored as llama.cpp stores it.
+"""Quantized KV storage (`-ctk/-ctv q8_0 | q4_0 | q4_1 | q5_0 | q5_1`): each head's row of K or V in blocks of 32
+values, in ggml's block formats and with its reference rounding (quantize_row_q8_0_ref
+and the q4_0, q4_1, q5_0, q5_1 ones), so a value is stored as llama.cpp stores it.
 
 A pool of a quantized type keeps each (head, token) row as `row_bytes(dim)` uint8 bytes; the
 pool quantizes on write and dequantizes on read. Copying a token's bytes (block copy-on-write,
 the prompt cache, slot files) needs no conversion; a read then write stores the same bytes
 (dequantized values quantize back to themselves). The native forward reads and writes the same
-layout (src/forward.cpp, LP_KV_Q8_0 / LP_KV_Q4_0).
+layout (src/forward.cpp, LP_KV_Q8_0 ... LP_KV_Q5_1).
 """
 
 from __future__ import annotations
@@ -88,31 +88,116 @@ class Q8_0(KVQuant):
         return blocks[..., 2:].contiguous().view(torch.int8).to(torch.float32) * d[..., None]
 
 
+def _inverse(d: torch.Tensor) -> torch.Tensor:
+    """1 / d, and 0 where d is 0 (ggml's `id = d ? 1.0f/d : 0.0f`)."""
+    return torch.where(d != 0, 1.0 / torch.where(d != 0, d, 1.0), 0.0)
+
+
+def _signed_scale(blocks: torch.Tensor, levels: float) -> torch.Tensor:
+    """q4_0/q5_0's scale: the value of largest magnitude (the first of equal ones, as ggml's
+    strict >; +0 for an all-zero block, never -0) over -levels."""
+    magnitudes = blocks.abs()
+    largest = blocks.gather(-1, magnitudes.argmax(dim=-1, keepdim=True)).squeeze(-1)
+    largest = torch.where(magnitudes.amax(dim=-1) == 0, 0.0, largest)
+    return largest / -levels
+
+
+def _nibbles(q: torch.Tensor) -> torch.Tensor:
+    """Values [..., 32] -> 16 bytes: value j's low 4 bits in byte j's low nibble, value 16 + j's
+    in its high nibble."""
+    q = q.to(torch.uint8)
+    return (q[..., :BLOCK // 2] & 0x0F) | ((q[..., BLOCK // 2:] & 0x0F) << 4)
+
+
+def _from_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    return torch.cat([packed & 0x0F, packed >> 4], dim=-1).to(torch.int64)
+
+
+_BIT = 1 << torch.arange(BLOCK, dtype=torch.int64)
+
+
+def _fifth_bits(q: torch.Tensor) -> torch.Tensor:
+    """q5's qh: bit 4 of value e as bit e of a little-endian uint32 [..., 4 bytes]."""
+    qh = (((q.to(torch.int64) >> 4) & 1) * _BIT).sum(dim=-1, keepdim=True)
+    return torch.cat([(qh >> (8 * k)) & 0xFF for k in range(4)], dim=-1).to(torch.uint8)
+
+
+def _with_fifth_bits(low: torch.Tensor, qh_bytes: torch.Tensor) -> torch.Tensor:
+    qh = sum(qh_bytes[..., k:k + 1].to(torch.int64) << (8 * k) for k in range(4))
+    return low | (((qh >> torch.arange(BLOCK, dtype=torch.int64)) & 1) << 4)
+
+
 class Q4_0(KVQuant):
     """d = (the value of largest magnitude) / -8 (fp16), then 32 4-bit values min(15, trunc(x / d
-    + 8.5)): value j in the low nibble of byte j, value 16 + j in its high nibble."""
+    + 8.5)), read as (q - 8) d."""
 
     def __init__(self):
         super().__init__("q4_0", 2 + BLOCK // 2, 4)
 
     def _quantize(self, blocks: torch.Tensor) -> torch.Tensor:
-        magnitudes = blocks.abs()
-        index = magnitudes.argmax(dim=-1, keepdim=True)  # the first of equal magnitudes, as ggml's strict >
-        largest = blocks.gather(-1, index).squeeze(-1)
-        largest = torch.where(magnitudes.amax(dim=-1) == 0, 0.0, largest)  # ggml's +0 start, never -0
-        d = largest / -8.0
-        inverse = torch.where(d != 0, 1.0 / torch.where(d != 0, d, 1.0), 0.0)
-        q = torch.clamp(torch.trunc(blocks * inverse[..., None] + 8.5), max=15).to(torch.uint8)
-        packed = q[..., :BLOCK // 2] | (q[..., BLOCK // 2:] << 4)
-        return torch.cat([_half_bytes(d), packed], dim=-1)
+        d = _signed_scale(blocks, 8.0)
+        q = torch.clamp(torch.trunc(blocks * _inverse(d)[..., None] + 8.5), max=15)
+        return torch.cat([_half_bytes(d), _nibbles(q)], dim=-1)
 
     def _dequantize(self, blocks: torch.Tensor) -> torch.Tensor:
         d = _half_of(blocks[..., :2])
-        packed = blocks[..., 2:]
-        q = torch.cat([packed & 0x0F, packed >> 4], dim=-1).to(torch.float32) - 8.0
-        return q * d[..., None]
+        return (_from_nibbles(blocks[..., 2:]) - 8).to(torch.float32) * d[..., None]
 
 
-Q8_0_TYPE, Q4_0_TYPE = Q8_0(), Q4_0()
+class Q4_1(KVQuant):
+    """d = (max - min) / 15 and m = min (fp16 each), then 32 4-bit values min(15, trunc((x - min) /
+    d + 0.5)), read as q d + m."""
+
+    def __init__(self):
+        super().__init__("q4_1", 4 + BLOCK // 2, 5)
+
+    def _quantize(self, blocks: torch.Tensor) -> torch.Tensor:
+        low, high = blocks.amin(dim=-1), blocks.amax(dim=-1)
+        d = (high - low) / 15.0
+        q = torch.clamp(torch.trunc((blocks - low[..., None]) * _inverse(d)[..., None] + 0.5), max=15)
+        return torch.cat([_half_bytes(d), _half_bytes(low), _nibbles(q)], dim=-1)
+
+    def _dequantize(self, blocks: torch.Tensor) -> torch.Tensor:
+        d, m = _half_of(blocks[..., :2]), _half_of(blocks[..., 2:4])
+        return _from_nibbles(blocks[..., 4:]).to(torch.float32) * d[..., None] + m[..., None]
+
+
+class Q5_0(KVQuant):
+    """q4_0 with a fifth bit: d = (the value of largest magnitude) / -16, values min(31, trunc(x /
+    d + 16.5)) read as (q - 16) d; the fifth bits in a uint32 before the nibbles."""
+
+    def __init__(self):
+        super().__init__("q5_0", 6 + BLOCK // 2, 6)
+
+    def _quantize(self, blocks: torch.Tensor) -> torch.Tensor:
+        d = _signed_scale(blocks, 16.0)
+        q = torch.clamp(torch.trunc(blocks * _inverse(d)[..., None] + 16.5), max=31)
+        return torch.cat([_half_bytes(d), _fifth_bits(q), _nibbles(q)], dim=-1)
+
+    def _dequantize(self, blocks: torch.Tensor) -> torch.Tensor:
+        d = _half_of(blocks[..., :2])
+        q = _with_fifth_bits(_from_nibbles(blocks[..., 6:]), blocks[..., 2:6])
+        return (q - 16).to(torch.float32) * d[..., None]
+
+
+class Q5_1(KVQuant):
+    """q4_1 with a fifth bit: d = (max - min) / 31, m = min, values trunc((x - min) / d + 0.5)
+    read as q d + m."""
+
+    def __init__(self):
+        super().__init__("q5_1", 8 + BLOCK // 2, 7)
+
+    def _quantize(self, blocks: torch.Tensor) -> torch.Tensor:
+        low, high = blocks.amin(dim=-1), blocks.amax(dim=-1)
+        d = (high - low) / 31.0
+        q = torch.trunc((blocks - low[..., None]) * _inverse(d)[..., None] + 0.5)
+        return torch.cat([_half_bytes(d), _half_bytes(low), _fifth_bits(q), _nibbles(q)], dim=-1)
+
+    def _dequantize(self, blocks: torch.Tensor) -> torch.Tensor:
+        d, m = _half_of(blocks[..., :2]), _half_of(blocks[..., 2:4])
+        q = _with_fifth_bits(_from_nibbles(blocks[..., 8:]), blocks[..., 4:8])
+        return q.to(torch.float32) * d[..., None] + m[..., None]
+
+
 # The quantized `-ctk/-ctv` types by name.
-QUANT_TYPES: dict[str, KVQuant] = {t.name: t for t in (Q8_0_TYPE, Q4_0_TYPE)}
+QUANT_TYPES: dict[str, KVQuant] = {t.name: t for t in (Q8_0(), Q4_0(), Q4_1(), Q5_0(), Q5_1())}

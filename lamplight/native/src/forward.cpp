@@ -75,25 +75,49 @@ uint16_t float_to_bf16(float f) {
     return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
 }
 
-// Block-quantized KV rows (lamplight/state/kv_quant.py, ggml's q8_0 and q4_0 with its reference
-// rounding): blocks of 32 values, each an fp16 scale then the quants. `index` counts values (a
-// multiple of 32), so a row starts at byte index / 32 * block bytes.
+// Block-quantized KV rows (lamplight/state/kv_quant.py: ggml's q8_0, q4_0, q4_1, q5_0 and q5_1
+// with its reference rounding): blocks of 32 values, each fp16 scales (d, and m for the _1
+// types), q5's fifth bits as a uint32, then the quants (4-bit: value j in byte j's low nibble,
+// value 16 + j in its high one). `index` counts values (a multiple of 32), so a row starts at
+// byte index / 32 * block bytes.
 constexpr int QBLOCK = 32;
 
-int block_bytes(int type) { return type == LP_KV_Q8_0 ? 2 + QBLOCK : 2 + QBLOCK / 2; }
+bool quantized(int type) { return type >= LP_KV_Q8_0 && type <= LP_KV_Q5_1; }
+
+int block_bytes(int type) {
+    switch (type) {
+        case LP_KV_Q8_0: return 2 + QBLOCK;
+        case LP_KV_Q4_0: return 2 + QBLOCK / 2;
+        case LP_KV_Q4_1: return 4 + QBLOCK / 2;
+        case LP_KV_Q5_0: return 6 + QBLOCK / 2;
+        default: return 8 + QBLOCK / 2;  // LP_KV_Q5_1
+    }
+}
+
+bool with_min(int type) { return type == LP_KV_Q4_1 || type == LP_KV_Q5_1; }
+bool five_bits(int type) { return type == LP_KV_Q5_0 || type == LP_KV_Q5_1; }
 
 float c_round(float x) {  // C's roundf, written out so that it matches kv_quant's to the bit
     float t = std::trunc(x);
     return std::fabs(x - t) >= 0.5f ? t + (x < 0 ? -1.0f : 1.0f) : t;
 }
 
+float read_half(const uint8_t* p) {
+    uint16_t bits;
+    std::memcpy(&bits, p, 2);
+    return half_to_float(bits);
+}
+
+void write_half(uint8_t* p, float x) {
+    uint16_t bits = float_to_half(x);
+    std::memcpy(p, &bits, 2);
+}
+
 void load_quantized(const uint8_t* block, int type, int n, float* out) {
     for (int b = 0; b < n / QBLOCK; b++, block += block_bytes(type), out += QBLOCK) {
-        uint16_t bits;
-        std::memcpy(&bits, block, 2);
-        float d = half_to_float(bits);
-        const uint8_t* q = block + 2;
+        float d = read_half(block);
         if (type == LP_KV_Q8_0) {
+            const uint8_t* q = block + 2;
             int i = 0;
 #if defined(__AVX2__)
             __m256 scale = _mm256_set1_ps(d);  // the same product as the scalar loop's, 8 at a time
@@ -103,17 +127,48 @@ void load_quantized(const uint8_t* block, int type, int n, float* out) {
             }
 #endif
             for (; i < QBLOCK; i++) out[i] = (float)(int8_t)q[i] * d;
-        } else {
-            for (int i = 0; i < QBLOCK / 2; i++) {
-                out[i] = (float)((int)(q[i] & 0x0f) - 8) * d;
-                out[i + QBLOCK / 2] = (float)((int)(q[i] >> 4) - 8) * d;
-            }
+            continue;
+        }
+        float m = with_min(type) ? read_half(block + 2) : 0.0f;
+        int offset = with_min(type) ? 4 : 2;
+        uint32_t qh = 0;
+        if (five_bits(type)) {
+            std::memcpy(&qh, block + offset, 4);
+            offset += 4;
+        }
+        const uint8_t* qs = block + offset;
+        int zero = type == LP_KV_Q4_0 ? 8 : type == LP_KV_Q5_0 ? 16 : 0;
+        for (int i = 0; i < QBLOCK; i++) {
+            int q = i < QBLOCK / 2 ? (qs[i] & 0x0f) : (qs[i - QBLOCK / 2] >> 4);
+            q |= (int)((qh >> i) & 1) << 4;
+            out[i] = with_min(type) ? (float)q * d + m : (float)(q - zero) * d;
         }
     }
 }
 
 void store_quantized(uint8_t* block, int type, int n, const float* x) {
     for (int b = 0; b < n / QBLOCK; b++, block += block_bytes(type), x += QBLOCK) {
+        if (with_min(type)) {
+            float lo = x[0], hi = x[0];
+            for (int i = 1; i < QBLOCK; i++) {
+                lo = std::min(lo, x[i]);
+                hi = std::max(hi, x[i]);
+            }
+            float d = (hi - lo) / (type == LP_KV_Q4_1 ? 15.0f : 31.0f);
+            float id = d != 0.0f ? 1.0f / d : 0.0f;
+            write_half(block, d);
+            write_half(block + 2, lo);
+            uint32_t qh = 0;
+            uint8_t* qs = block + (type == LP_KV_Q5_1 ? 8 : 4);
+            for (int i = 0; i < QBLOCK / 2; i++) {
+                int q0 = (int)(uint8_t)((x[i] - lo) * id + 0.5f), q1 = (int)(uint8_t)((x[i + QBLOCK / 2] - lo) * id + 0.5f);
+                if (type == LP_KV_Q4_1) q0 = std::min(15, q0), q1 = std::min(15, q1);
+                qs[i] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+                qh |= (uint32_t)((q0 >> 4) & 1) << i | (uint32_t)((q1 >> 4) & 1) << (i + QBLOCK / 2);
+            }
+            if (type == LP_KV_Q5_1) std::memcpy(block + 4, &qh, 4);
+            continue;
+        }
         float amax = 0.0f, max = 0.0f;
         for (int i = 0; i < QBLOCK; i++) {
             if (amax < std::fabs(x[i])) {
@@ -121,24 +176,26 @@ void store_quantized(uint8_t* block, int type, int n, const float* x) {
                 max = x[i];
             }
         }
-        float d = type == LP_KV_Q8_0 ? amax / 127.0f : max / -8.0f;
+        float d = type == LP_KV_Q8_0 ? amax / 127.0f : max / (type == LP_KV_Q4_0 ? -8.0f : -16.0f);
         float id = d != 0.0f ? 1.0f / d : 0.0f;
-        uint16_t bits = float_to_half(d);
-        std::memcpy(block, &bits, 2);
-        uint8_t* q = block + 2;
+        write_half(block, d);
         if (type == LP_KV_Q8_0) {
-            for (int i = 0; i < QBLOCK; i++) q[i] = (uint8_t)(int8_t)c_round(x[i] * id);
-        } else {
-            for (int i = 0; i < QBLOCK / 2; i++) {
-                int lo = std::min(15, (int)(int8_t)(x[i] * id + 8.5f));
-                int hi = std::min(15, (int)(int8_t)(x[i + QBLOCK / 2] * id + 8.5f));
-                q[i] = (uint8_t)(lo | (hi << 4));
-            }
+            for (int i = 0; i < QBLOCK; i++) block[2 + i] = (uint8_t)(int8_t)c_round(x[i] * id);
+            continue;
         }
+        float zero = type == LP_KV_Q4_0 ? 8.5f : 16.5f;
+        int top = type == LP_KV_Q4_0 ? 15 : 31;
+        uint32_t qh = 0;
+        uint8_t* qs = block + (type == LP_KV_Q5_0 ? 6 : 2);
+        for (int i = 0; i < QBLOCK / 2; i++) {
+            int q0 = std::min(top, (int)(int8_t)(x[i] * id + zero));
+            int q1 = std::min(top, (int)(int8_t)(x[i + QBLOCK / 2] * id + zero));
+            qs[i] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+            qh |= (uint32_t)((q0 >> 4) & 1) << i | (uint32_t)((q1 >> 4) & 1) << (i + QBLOCK / 2);
+        }
+        if (type == LP_KV_Q5_0) std::memcpy(block + 2, &qh, 4);
     }
 }
-
-bool quantized(int type) { return type == LP_KV_Q8_0 || type == LP_KV_Q4_0; }
 
 // A KV row of `n` values as float32 into `out`.
 void load_kv(const void* base, int type, int64_t index, int n, float* out) {
@@ -1240,6 +1297,17 @@ int32_t lp_forward_states(void* model, const LpBatch* batch, const LpKV* kv, con
 
 int32_t lp_forward_hidden(void* model, const LpBatch* batch, const LpKV* kv, const LpStates* states, float* hidden) {
     return run_step(model, batch, kv, states, hidden, true);
+}
+
+int32_t lp_kv_rows(int32_t type, int32_t store, void* pool, int64_t n_rows, int32_t width, float* values) {
+    bool known = type == LP_KV_F32 || type == LP_KV_F16 || type == LP_KV_BF16 || quantized(type);
+    if (!pool || !values || n_rows < 0 || width <= 0 || !known || (quantized(type) && width % QBLOCK))
+        return lp::fail(LP_ERR_ARGUMENT, "lp_kv_rows: type %d, %lld rows of width %d", type, (long long)n_rows, width);
+    for (int64_t r = 0; r < n_rows; r++) {
+        if (store) store_kv(pool, type, r * width, width, values + r * width);
+        else load_kv(pool, type, r * width, width, values + r * width);
+    }
+    return LP_OK;
 }
 
 int64_t lp_model_scratch_bytes(void* model) {

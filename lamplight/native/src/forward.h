@@ -127,7 +127,9 @@ enum { LP_KV_SHARED = 1, LP_V_FROM_K = 2, LP_V_NORM = 4 };
 enum { LP_ACT_SILU = 0, LP_ACT_GELU_TANH = 1, LP_ACT_SWIGLU_OAI = 2 };
 // softmax: top-k of the softmax over all experts; selected: top-k of the logits, softmax over them.
 enum { LP_GATING_SOFTMAX = 0, LP_GATING_SOFTMAX_SELECTED = 1 };
-enum { LP_KV_F32 = 0, LP_KV_F16 = 1, LP_KV_BF16 = 2, LP_KV_Q8_0 = 3, LP_KV_Q4_0 = 4 };  // quantized: blocks of 32 (kv_quant.py)
+// quantized: blocks of 32 (lamplight/state/kv_quant.py)
+enum { LP_KV_F32 = 0, LP_KV_F16 = 1, LP_KV_BF16 = 2, LP_KV_Q8_0 = 3, LP_KV_Q4_0 = 4, LP_KV_Q4_1 = 5, LP_KV_Q5_0 = 6,
+       LP_KV_Q5_1 = 7 };
 
 typedef struct LpConfig {
     int32_t n_layers, n_embd, n_heads, n_kv_heads, head_dim_k, head_dim_v, n_ff, vocab;
@@ -198,6 +200,9 @@ int64_t lp_model_scratch_bytes(void* model);
 // phase into out (if not null: norm, qkv, rope_kv, attention, wo, residual, gate_up, activation,
 // down, head) and resets them. Returns the number of phases.
 int32_t lp_profile(int32_t enable, double* out);
+// Rows of a KV pool's storage, as the forward stores (store 1: `values` into `pool`) and reads
+// them (store 0: `pool` into `values`); `width` values a row, rows one after another. For tests.
+int32_t lp_kv_rows(int32_t type, int32_t store, void* pool, int64_t n_rows, int32_t width, float* values);
 int32_t lp_set_threads(int32_t n);  // LP_OK, or fewer threads than asked (lp_get_threads says how many)
 int32_t lp_get_threads(void);
 
