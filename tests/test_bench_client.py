@@ -120,22 +120,21 @@ def _common_prefix(a: list[str], b: list[str]) -> int:
     return n
 
 
-class FakeServer:
-    """A fake OpenAI-compatible server on a free loopback port, served from a thread."""
+class AppThread:
+    """An ASGI app on a free loopback port, served from a thread (`with`: started, then stopped)."""
 
-    def __init__(self, spec: FakeSpec):
-        self.spec = spec
+    def __init__(self, app):
         # IPPROTO_TCP explicitly: asyncio only sets TCP_NODELAY on sockets created with it,
         # and Nagle's algorithm would add 40 ms stalls to the fake's responses.
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(make_fake_app(spec), log_level="warning", lifespan="off")
+        config = uvicorn.Config(app, log_level="warning", lifespan="off")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        daemon=True)
 
-    def __enter__(self) -> FakeServer:
+    def __enter__(self):
         self.thread.start()
         deadline = time.monotonic() + 10
         while not self.server.started:
@@ -147,6 +146,14 @@ class FakeServer:
         self.server.should_exit = True
         self.thread.join(timeout=5)
         self.sock.close()
+
+
+class FakeServer(AppThread):
+    """A fake OpenAI-compatible server (make_fake_app) on a free loopback port."""
+
+    def __init__(self, spec: FakeSpec):
+        self.spec = spec
+        super().__init__(make_fake_app(spec))
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,11 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
-import socket
-import threading
 import time
 from dataclasses import dataclass, field
 
 import pytest
-import uvicorn
+from test_bench_client import AppThread
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
@@ -269,33 +267,11 @@ def _sse(data: dict) -> str:
     return f"data: {json.dumps(data)}\n\n"
 
 
-class Serving:
-    def __init__(self, fake: DraftingServer):
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(fake.app(), log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> Serving:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "fake server did not start"
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=5)
-        self.sock.close()
-
-
 @pytest.mark.parametrize("api", ["completions", "chat"])
 def test_cli_runs_both_scenarios_against_servers(tmp_path, capsys, api):
     drafting, plain = DraftingServer(n_ctx=4096, drafts=True), DraftingServer(n_ctx=1024, drafts=False)
     out = tmp_path / "bench.json"
-    with Serving(drafting) as a, Serving(plain) as b:
+    with AppThread(drafting.app()) as a, AppThread(plain.app()) as b:
         code = main(["--url", a.url, "--compare", b.url, "--api", api, "--quick", "--no-progress", "--seed", "3",
                      "--json", str(out), "--scenarios", "copy_edit,long_context",
                      "--set", "copy_edit_repeats=3", "--set", "copy_edit_max_tokens=24",

@@ -5,17 +5,12 @@ do not all fit are preempted and computed again, with the tokens they get alone.
 from __future__ import annotations
 
 import pytest
-from conftest import reference_path
-from model_helpers import runner_for
-from tiny_gguf import write_tiny_llama
+from model_helpers import engine_model
 
 from lamplight.engine.config import EngineConfig
 from lamplight.engine.engine import Engine
 from lamplight.engine.types import ContextExceededError, FinalEvent, GenerationRequest, TokenEvent
-from lamplight.gguf.file import GGUFFile
-from lamplight.native import runtime
 from lamplight.sampling import SamplingParams
-from lamplight.tokenizer import Tokenizer
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 SEEDED = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=5, ignore_eos=True)
@@ -24,15 +19,7 @@ POOL = 256  # tokens: 16 blocks of 16
 
 @pytest.fixture(scope="module", params=["llama-reference", "llama-native", "qwen35-native"])
 def model(request, tmp_path_factory):
-    arch, _, backend = request.param.partition("-")
-    if backend == "native" and runtime.library() is None:
-        pytest.skip(f"no native library: {runtime.unavailable_reason()}")
-    if arch == "llama":
-        path = write_tiny_llama(tmp_path_factory.mktemp("kvu") / "tiny.gguf", n_ctx=512)
-    else:
-        path = reference_path("archs2/qwen35.gguf")
-    gguf = GGUFFile(path)
-    return runner_for(gguf, backend), Tokenizer.from_gguf(gguf)
+    return engine_model(request.param, tmp_path_factory.mktemp("kvu"))
 
 
 def make_engine(model, **cfg) -> Engine:

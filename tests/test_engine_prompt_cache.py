@@ -4,32 +4,19 @@ conversations than slots, each entry only ever standing for its own tokens, with
 from __future__ import annotations
 
 import pytest
-from conftest import reference_path
-from model_helpers import runner_for
-from tiny_gguf import write_tiny_llama
+from model_helpers import engine_model
 
 from lamplight.engine.config import EngineConfig
 from lamplight.engine.engine import Engine
 from lamplight.engine.types import FinalEvent, GenerationRequest
-from lamplight.gguf.file import GGUFFile
-from lamplight.native import runtime
 from lamplight.sampling import SamplingParams
-from lamplight.tokenizer import Tokenizer
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module", params=["llama-reference", "llama-native", "qwen35-native"])
 def model(request, tmp_path_factory):
-    arch, _, backend = request.param.partition("-")
-    if backend == "native" and runtime.library() is None:
-        pytest.skip(f"no native library: {runtime.unavailable_reason()}")
-    if arch == "llama":
-        path = write_tiny_llama(tmp_path_factory.mktemp("cram") / "tiny.gguf", n_ctx=512)
-    else:
-        path = reference_path("archs2/qwen35.gguf")
-    gguf = GGUFFile(path)
-    return runner_for(gguf, backend), Tokenizer.from_gguf(gguf)
+    return engine_model(request.param, tmp_path_factory.mktemp("cram"))
 
 
 def make_engine(model, **cfg) -> Engine:
