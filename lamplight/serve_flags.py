@@ -108,36 +108,21 @@ def speculative_kinds(text: str) -> tuple[str, ...]:
     return parse_kinds(text)
 
 
-@_checked
-def _ngram_size(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= NGRAM_SIZE_LIMIT:
-        raise ValueError(f"must be between 1 and {NGRAM_SIZE_LIMIT}, got {value}")
-    return value
+def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An integer flag value of at least `low` (and at most `high` where given)."""
+
+    def int_value(text: str) -> int:
+        value = int(text)
+        if value < low or (high is not None and value > high):
+            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise ValueError(f"must be {bound}, got {value}")
+        return value
+
+    return _checked(int_value)
 
 
-@_checked
-def _ngram_count(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= NGRAM_SIZE_LIMIT:
-        raise ValueError(f"must be between 0 and {NGRAM_SIZE_LIMIT}, got {value}")
-    return value
-
-
-@_checked
-def _min_hits(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"must be at least 1, got {value}")
-    return value
-
-
-@_checked
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError(f"must be >= 0, got {value}")
-    return value
+_ngram_size, _ngram_count = int_in(1, NGRAM_SIZE_LIMIT), int_in(0, NGRAM_SIZE_LIMIT)
+_min_hits, _non_negative = int_in(1), int_in(0)
 
 
 @_checked
@@ -796,7 +781,8 @@ FLAG_GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--spec-type",), "comma-separated kinds to draft with, tried in order: none, "
              + ", ".join(NGRAM_KINDS) + " (draft models: not yet)", (), speculative_kinds, to="spec.kinds",
              env="LLAMA_ARG_SPEC_TYPE", metavar="TYPES", shown_default="none"),
-        Flag(("--spec-default",), "the default speculative decoding: ngram-mod with n-match 24, n-min 48, n-max 64",
+        Flag(("--spec-default",), f"the default speculative decoding: ngram-mod with n-match {_SPEC_MOD.n_match}, "
+             f"n-min {_SPEC_MOD.n_min}, n-max {_SPEC_MOD.n_max}",
              False, action="store_true", to="spec.default"),
         *_ngram_map_flags("simple", "ngram-simple"),
         *_ngram_map_flags("map-k", "ngram-map-k"),

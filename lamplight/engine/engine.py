@@ -33,6 +33,7 @@ from ..models.lora import LoraAdapter
 from ..runner.base import ModelRunner
 from ..sampling import SequenceSampler, sample_batch
 from ..speculative import SpecRequest, SpeculatorFactory
+from ..speculative.config import types_text
 from . import slot_actions, views
 from .checkpoints import Checkpoint, CheckpointStore
 from .config import EngineConfig
@@ -195,10 +196,7 @@ class Engine:
     def speculative_types(self, request: SpecRequest | None = None) -> str:
         """The kinds a request with these speculative fields drafts with, as llama-server's
         generation_settings `speculative.types` says them (\"none\" for none)."""
-        kinds = self.speculation.kinds_for(request) if self.speculation is not None else ()
-        if request is not None and request.n_max == 0:
-            kinds = ()
-        return ",".join(kinds) or "none"
+        return types_text(self.speculation.kinds_for(request) if self.speculation is not None else ())
 
     def slots_json(self) -> list[dict]:
         """GET /slots: one entry per slot, shaped like llama-server's."""

@@ -72,17 +72,7 @@ def _best_tokens(logits: torch.Tensor, samplers: Sequence[SequenceSampler], allo
     row's best candidate after the mask, logit_bias and forced tokens, and the draw would pick it
     (the lowest id among equal maxima, as the greedy step keeps), so that is computed directly.
     None if a row has no candidate left (the chain's fallback decides)."""
-    work = logits.detach().to(torch.float32)
-    if allowed_mask is not None or forced or any(sampler.logit_bias for sampler in samplers):
-        work = work.clone()
-        if allowed_mask is not None:
-            truncation.keep_only(work, allowed_mask)
-        biased = [row for row, sampler in enumerate(samplers) if sampler.logit_bias]
-        if biased:
-            apply_logit_bias(work, biased, [samplers[row].logit_bias for row in biased])
-        if forced:
-            _keep_only_forced(work, forced)
-    best, tokens = work.max(dim=1)
+    best, tokens = _constrained(logits, samplers, allowed_mask, forced).max(dim=1)
     if bool((best == NEG_INF).any()) or bool(torch.isnan(best).any()):
         return None
     return tokens.tolist()
@@ -122,6 +112,20 @@ def _run_chain(
     on_step: StepObserver | None = None,
     forced: dict[int, int] | None = None,
 ) -> _ChainState:
+    work = _constrained(logits, samplers, allowed_mask, forced, on_step)
+    state = _ChainState(work, len(samplers))
+    for position in range(max(len(sampler.program) for sampler in samplers)):
+        for name, rows in _rows_by_step(samplers, position).items():
+            _STEPS[name](_Group(state, rows, [samplers[row] for row in rows]))
+            if on_step is not None:
+                on_step(name, rows, work)
+    return state
+
+
+def _constrained(logits: torch.Tensor, samplers: Sequence[SequenceSampler], allowed_mask: torch.Tensor | None,
+                 forced: dict[int, int] | None, on_step: StepObserver | None = None) -> torch.Tensor:
+    """What every row's samplers start from: a float32 copy of the logits with the grammar mask,
+    logit_bias and forced tokens applied."""
     work = logits.detach().to(torch.float32, copy=True)
     if allowed_mask is not None:
         truncation.keep_only(work, allowed_mask)
@@ -134,13 +138,7 @@ def _run_chain(
         _keep_only_forced(work, forced)
         if on_step is not None:
             on_step("reasoning_budget", list(forced), work)
-    state = _ChainState(work, len(samplers))
-    for position in range(max(len(sampler.program) for sampler in samplers)):
-        for name, rows in _rows_by_step(samplers, position).items():
-            _STEPS[name](_Group(state, rows, [samplers[row] for row in rows]))
-            if on_step is not None:
-                on_step(name, rows, work)
-    return state
+    return work
 
 
 def _keep_only_forced(work: torch.Tensor, forced: dict[int, int]) -> None:

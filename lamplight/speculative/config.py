@@ -68,8 +68,7 @@ class SpecConfig:
         return bool(self.kinds)
 
     def types_text(self) -> str:
-        """As llama-server's generation_settings `speculative.types`: "none" or the kinds, comma-separated."""
-        return ",".join(self.kinds) or NONE
+        return types_text(self.kinds)
 
 
 @dataclass(frozen=True)
@@ -81,6 +80,11 @@ class SpecRequest:
     kinds: tuple[str, ...] | None = None
     n_max: int | None = None
     n_min: int = 0
+
+
+def types_text(kinds: tuple[str, ...]) -> str:
+    """As llama-server's generation_settings `speculative.types`: "none" or the kinds, comma-separated."""
+    return ",".join(kinds) or NONE
 
 
 def parse_kinds(text: str) -> tuple[str, ...]:
@@ -102,8 +106,9 @@ def spec_config(values: dict) -> SpecConfig:
     """The SpecConfig of the serve flags' "spec" settings (lamplight.serve_flags: kinds, default,
     ngram_<kind>_size_n/_size_m/_min_hits, ngram_mod_n_match/_n_min/_n_max, draft_n_max/_n_min/_p_min)."""
     kinds = tuple(values.get("kinds") or ())
-    mod = NgramModSizes(values.get("ngram_mod_n_match", 24), values.get("ngram_mod_n_max", 64),
-                        values.get("ngram_mod_n_min", 48))
+    base_mod, base_draft = NgramModSizes(), DraftModelSizes()
+    mod = NgramModSizes(values.get("ngram_mod_n_match", base_mod.n_match), values.get("ngram_mod_n_max", base_mod.n_max),
+                        values.get("ngram_mod_n_min", base_mod.n_min))
     if values.get("default"):  # --spec-default: llama-server's ngram-mod preset
         kinds = (*kinds, "ngram-mod") if "ngram-mod" not in kinds else kinds
         mod = NgramModSizes()
@@ -113,5 +118,6 @@ def spec_config(values: dict) -> SpecConfig:
         return NgramMapSizes(values.get(f"ngram_{name}_size_n", base.size_n), values.get(f"ngram_{name}_size_m", base.size_m),
                              values.get(f"ngram_{name}_min_hits", base.min_hits))
 
-    draft = DraftModelSizes(values.get("draft_n_max", 3), values.get("draft_n_min", 0), values.get("draft_p_min", 0.0))
+    draft = DraftModelSizes(values.get("draft_n_max", base_draft.n_max), values.get("draft_n_min", base_draft.n_min),
+                            values.get("draft_p_min", base_draft.p_min))
     return SpecConfig(kinds, sizes("simple"), sizes("map_k"), sizes("map_k4v"), mod, draft)

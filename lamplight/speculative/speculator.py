@@ -76,6 +76,9 @@ class SpeculatorFactory:
         self._mod_table: NgramModTable | None = None
 
     def kinds_for(self, request: SpecRequest | None) -> tuple[str, ...]:
+        """The kinds a request with these fields drafts with (none when its n_max is 0)."""
+        if request is not None and request.n_max == 0:
+            return ()
         if request is not None and request.kinds is not None:
             return request.kinds
         return self.config.kinds
@@ -83,7 +86,7 @@ class SpeculatorFactory:
     def build(self, request: SpecRequest | None) -> Speculator | None:
         """None: this request does not speculate."""
         kinds = self.kinds_for(request)
-        if not kinds or (request is not None and request.n_max == 0):
+        if not kinds:
             return None
         drafters = [self._drafter(kind) for kind in kinds]
         if request is None:

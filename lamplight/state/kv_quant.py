@@ -25,6 +25,11 @@ def _round_half_away(x: torch.Tensor) -> torch.Tensor:
     return whole + torch.sign(x) * ((x - whole).abs() >= 0.5)
 
 
+def _inverse(d: torch.Tensor) -> torch.Tensor:
+    """1 / d, and 0 where d is 0 (ggml's `id = d ? 1.0f/d : 0.0f`)."""
+    return torch.where(d != 0, 1.0 / torch.where(d != 0, d, 1.0), 0.0)
+
+
 def _half_bytes(d: torch.Tensor) -> torch.Tensor:
     """float32 [...] -> its fp16 as 2 little-endian bytes [..., 2]."""
     return d.to(torch.float16).contiguous().view(torch.uint8).view(*d.shape, 2)
@@ -79,18 +84,12 @@ class Q8_0(KVQuant):
 
     def _quantize(self, blocks: torch.Tensor) -> torch.Tensor:
         d = blocks.abs().amax(dim=-1) / 127.0
-        inverse = torch.where(d != 0, 1.0 / torch.where(d != 0, d, 1.0), 0.0)
-        q = _round_half_away(blocks * inverse[..., None]).to(torch.int8)
+        q = _round_half_away(blocks * _inverse(d)[..., None]).to(torch.int8)
         return torch.cat([_half_bytes(d), q.view(torch.uint8)], dim=-1)
 
     def _dequantize(self, blocks: torch.Tensor) -> torch.Tensor:
         d = _half_of(blocks[..., :2])
         return blocks[..., 2:].contiguous().view(torch.int8).to(torch.float32) * d[..., None]
-
-
-def _inverse(d: torch.Tensor) -> torch.Tensor:
-    """1 / d, and 0 where d is 0 (ggml's `id = d ? 1.0f/d : 0.0f`)."""
-    return torch.where(d != 0, 1.0 / torch.where(d != 0, d, 1.0), 0.0)
 
 
 def _signed_scale(blocks: torch.Tensor, levels: float) -> torch.Tensor:
