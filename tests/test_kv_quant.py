@@ -5,10 +5,12 @@ the same alone or beside others and from run to run with the same KV type."""
 from __future__ import annotations
 
 import gguf
+import httpx
 import numpy as np
 import pytest
 import torch
 from model_helpers import runner_for
+from test_server_support import model_server
 from tiny_gguf import write_tiny_llama
 
 from lamplight.engine.config import EngineConfig
@@ -153,3 +155,15 @@ def test_the_native_forward_stores_and_reads_blocks_as_kv_quant_does(name):
     read = torch.empty_like(rows)
     assert lib.lp_kv_rows(kind.native_id, 0, stored.data_ptr(), rows.shape[0], 128, read.data_ptr()) == 0
     assert torch.equal(read, kind.dequantize(stored, 128))
+
+
+def test_a_server_started_with_quantized_kv_serves(tiny):
+    """-ctk q8_0 -ctv q4_0 as a server takes them: replies come, the same ones twice, and bad
+    input is still a 400."""
+    with model_server(tiny, n_ctx=512, n_parallel=2, cache_type_k="q8_0", cache_type_v="q4_0") as (server, _):
+        engine = server.state.engine
+        assert engine.state.kv.k_type is QUANT_TYPES["q8_0"] and engine.state.kv.v_type is QUANT_TYPES["q4_0"]
+        body = {"prompt": "the cat sat on the mat", "n_predict": 8, "temperature": 0, "ignore_eos": True}
+        replies = [httpx.post(f"{server.url}/completion", json=body, timeout=60).json() for _ in range(2)]
+        assert replies[0]["tokens_predicted"] == 8 and replies[0]["content"] == replies[1]["content"]
+        assert httpx.post(f"{server.url}/completion", json={**body, "n_predict": "x"}, timeout=60).status_code == 400
