@@ -41,7 +41,7 @@ MAX_DEFAULT_CTX = 4096  # the context of an engine built without one (the librar
 # this share of the memory available at start-up (the start-up log says which).
 CTX_MEMORY_SHARE = 0.5
 AUTO_PARALLEL = 4  # `-np -1` (llama-server's default, "auto"): 4 slots, as llama-server picks
-CACHE_TYPE_NAMES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")  # `-ctk/-ctv` values (lamplight.engine.config.CACHE_TYPES)
+CACHE_TYPE_NAMES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # `-ctk/-ctv` values (lamplight.engine.config.CACHE_TYPES)
 # llama.cpp's spellings of a boolean environment variable (common/arg.cpp is_truthy / is_falsey).
 TRUTHY = ("1", "true", "on", "enabled")
 FALSY = ("0", "false", "off", "disabled")
@@ -494,8 +494,8 @@ FLAG_GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
         Flag(("--queue-size",), "requests waiting for a slot before 503", 64, int, to="engine.queue_size", own=True),
         Flag(("-t", "--threads"), "CPU threads for the model", -1, int, shown_default="torch's choice",
              env="LLAMA_ARG_THREADS", metavar="N"),
-        Flag(("-ctk", "--cache-type-k"), "KV cache type for K (q8_0, q4_0, q4_1, q5_0, q5_1: ggml's blocks of 32 "
-             "values, 8.5, 4.5, 5, 5.5 and 6 bits a value; the head size must be a multiple of 32)", choices=CACHE_TYPE_NAMES, to="engine.cache_type_k",
+        Flag(("-ctk", "--cache-type-k"), "KV cache type for K (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl: ggml's blocks of "
+             "32 values, 8.5, 4.5, 5, 5.5, 6 and 4.5 bits a value; the head size must be a multiple of 32)", choices=CACHE_TYPE_NAMES, to="engine.cache_type_k",
              shown_default="f16 with the native kernels, as llama-server; f32 on PyTorch's kernels, which convert "
                            "half precision slowly on CPU", env="LLAMA_ARG_CACHE_TYPE_K"),
         Flag(("-ctv", "--cache-type-v"), "KV cache type for V", choices=CACHE_TYPE_NAMES, to="engine.cache_type_v",

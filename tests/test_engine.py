@@ -365,5 +365,5 @@ def test_half_precision_kv_cache_serves_and_unknown_types_are_refused(tiny):
         assert final.n_decoded == 6
     finally:
         eng.stop()
-    with pytest.raises(ValueError, match="--cache-type-k 'iq4_nl' is not supported"):
-        EngineConfig(cache_type_k="iq4_nl").validate()
+    with pytest.raises(ValueError, match="--cache-type-k 'q4_k' is not supported"):
+        EngineConfig(cache_type_k="q4_k").validate()

@@ -1,4 +1,4 @@
-"""Quantized KV cache (-ctk/-ctv q8_0, q4_0, q4_1, q5_0, q5_1; lamplight.state.kv_quant): ggml's block formats to
+"""Quantized KV cache (-ctk/-ctv q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; lamplight.state.kv_quant): ggml's block formats to
 the byte, written alike by the PyTorch pool and the native forward, and a request's tokens are
 the same alone or beside others and from run to run with the same KV type."""
 
@@ -25,7 +25,45 @@ from lamplight.state.kv_quant import QUANT_TYPES
 from lamplight.tokenizer import Tokenizer
 
 GGML = {name: getattr(gguf.GGMLQuantizationType, name.upper()) for name in QUANT_TYPES}
-BITS = {"q8_0": 8.5, "q4_0": 4.5, "q4_1": 5.0, "q5_0": 5.5, "q5_1": 6.0}
+BITS = {"q8_0": 8.5, "q4_0": 4.5, "q4_1": 5.0, "q5_0": 5.5, "q5_1": 6.0, "iq4_nl": 4.5}
+IQ4_NL_LEVELS = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
+
+
+def ggml_iq4_nl(rows: np.ndarray) -> np.ndarray:
+    """ggml's quantize_row_iq4_nl_ref (the KV cache's iq4_nl writer, ntry -1), line by line in
+    float32 scalars; gguf-py has no iq4_nl quantizer. ggml leaves an all-zero block's nibbles unset:
+    here, as in kv_quant, they are level 8's."""
+    f32 = np.float32
+
+    def nearest(x):  # best_index_int8
+        if x <= IQ4_NL_LEVELS[0]:
+            return 0
+        if x >= IQ4_NL_LEVELS[15]:
+            return 15
+        lo, hi = 0, 15
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if x < IQ4_NL_LEVELS[mid] else (mid, hi)
+        return hi - 1 if x - f32(IQ4_NL_LEVELS[hi - 1]) < f32(IQ4_NL_LEVELS[hi]) - x else hi
+
+    out = []
+    for block in rows.astype(np.float32).reshape(-1, 32):
+        amax, top = f32(0), f32(0)
+        for x in block:
+            if abs(x) > amax:
+                amax, top = abs(x), x
+        levels, d = [8] * 32, f32(0)
+        if amax >= f32(1e-15):
+            inverse = f32(1) / (top / f32(IQ4_NL_LEVELS[0]))
+            sumqx = sumq2 = f32(0)
+            for j, x in enumerate(block):
+                levels[j] = nearest(inverse * x)
+                q, w = f32(IQ4_NL_LEVELS[levels[j]]), x * x
+                sumqx, sumq2 = sumqx + w * q * x, sumq2 + w * q * q
+            d = sumqx / sumq2 if sumq2 > 0 else f32(0)
+        out.append(np.concatenate([np.array([d], np.float16).view(np.uint8),
+                                   [levels[j] | levels[j + 16] << 4 for j in range(16)]]).astype(np.uint8))
+    return np.stack(out)
 
 
 def edge_rows() -> torch.Tensor:
@@ -44,7 +82,8 @@ def test_blocks_are_ggmls_to_the_byte(name):
     kind = QUANT_TYPES[name]
     rows = edge_rows()
     ours = kind.quantize(rows).numpy()
-    reference = gguf.quantize(rows.numpy(), GGML[name]).reshape(ours.shape)
+    quantize = ggml_iq4_nl if name == "iq4_nl" else lambda x: gguf.quantize(x, GGML[name])
+    reference = quantize(rows.numpy()).reshape(ours.shape)
     assert np.array_equal(ours, reference)
     assert np.array_equal(kind.dequantize(torch.from_numpy(reference), 128).numpy(),
                           gguf.dequantize(reference, GGML[name]).reshape(rows.shape))

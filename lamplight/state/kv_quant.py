@@ -1,12 +1,12 @@
-"""Quantized KV storage (`-ctk/-ctv q8_0 | q4_0 | q4_1 | q5_0 | q5_1`): each head's row of K or V in blocks of 32
-values, in ggml's block formats and with its reference rounding (quantize_row_q8_0_ref
-and the q4_0, q4_1, q5_0, q5_1 ones), so a value is stored as llama.cpp stores it.
+"""Quantized KV storage (`-ctk/-ctv q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | iq4_nl`): each head's row of K or V in
+blocks of 32 values, in ggml's block formats and with its reference rounding (quantize_row_q8_0_ref
+and the q4_0, q4_1, q5_0, q5_1, iq4_nl ones), so a value is stored as llama.cpp stores it.
 
 A pool of a quantized type keeps each (head, token) row as `row_bytes(dim)` uint8 bytes; the
 pool quantizes on write and dequantizes on read. Copying a token's bytes (block copy-on-write,
 the prompt cache, slot files) needs no conversion; a read then write stores the same bytes
 (dequantized values quantize back to themselves). The native forward reads and writes the same
-layout (src/forward.cpp, LP_KV_Q8_0 ... LP_KV_Q5_1).
+layout (src/kv_rows.cpp, LP_KV_Q8_0 ... LP_KV_IQ4_NL).
 """
 
 from __future__ import annotations
@@ -198,5 +198,48 @@ class Q5_1(KVQuant):
         return q.to(torch.float32) * d[..., None] + m[..., None]
 
 
+# ggml's kvalues_iq4nl: iq4_nl's 16 levels, denser near zero.
+_IQ4_NL_LEVELS = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                              dtype=torch.float32)
+_IQ4_NL_ZERO = 8  # the level an all-zero block's values get (ggml leaves them unset; the scale is 0)
+
+
+def _nearest_level(x: torch.Tensor) -> torch.Tensor:
+    """ggml's best_index_int8: the index of the level nearest x, ties to the upper one."""
+    upper = torch.searchsorted(_IQ4_NL_LEVELS, x.contiguous(), right=True).clamp(1, 15)
+    below, above = _IQ4_NL_LEVELS[upper - 1], _IQ4_NL_LEVELS[upper]
+    nearest = torch.where(x - below < above - x, upper - 1, upper)
+    return torch.where(x <= _IQ4_NL_LEVELS[0], 0, torch.where(x >= _IQ4_NL_LEVELS[15], 15, nearest))
+
+
+class IQ4_NL(KVQuant):
+    """d (fp16) and 32 indices into 16 non-linear levels, read as level d. As ggml's
+    quantize_row_iq4_nl_ref (the KV cache's writer): the value of largest magnitude maps to level
+    -127, every value to its nearest level, and d is then the least-squares scale for those levels
+    with weights x^2, the sums taken value by value in order, as C adds them."""
+
+    def __init__(self):
+        super().__init__("iq4_nl", 2 + BLOCK // 2, 8)
+
+    def _quantize(self, blocks: torch.Tensor) -> torch.Tensor:
+        live = blocks.abs().amax(dim=-1) >= 1e-15  # ggml's GROUP_MAX_EPS
+        inverse = 1.0 / torch.where(live, _signed_scale(blocks, 127.0), 1.0)
+        levels = _nearest_level(blocks * inverse[..., None])
+        q, weight = _IQ4_NL_LEVELS[levels], blocks * blocks
+        sumqx = torch.zeros(blocks.shape[:-1])
+        sumq2 = torch.zeros(blocks.shape[:-1])
+        for j in range(BLOCK):  # in order, one product at a time: C's float sums
+            wq = weight[..., j] * q[..., j]
+            sumqx = sumqx + wq * blocks[..., j]
+            sumq2 = sumq2 + wq * q[..., j]
+        d = torch.where(live & (sumq2 > 0), sumqx / torch.where(sumq2 > 0, sumq2, 1.0), 0.0)
+        levels = torch.where(live[..., None], levels, _IQ4_NL_ZERO)
+        return torch.cat([_half_bytes(d), _nibbles(levels)], dim=-1)
+
+    def _dequantize(self, blocks: torch.Tensor) -> torch.Tensor:
+        d = _half_of(blocks[..., :2])
+        return _IQ4_NL_LEVELS[_from_nibbles(blocks[..., 2:])] * d[..., None]
+
+
 # The quantized `-ctk/-ctv` types by name.
-QUANT_TYPES: dict[str, KVQuant] = {t.name: t for t in (Q8_0(), Q4_0(), Q4_1(), Q5_0(), Q5_1())}
+QUANT_TYPES: dict[str, KVQuant] = {t.name: t for t in (Q8_0(), Q4_0(), Q4_1(), Q5_0(), Q5_1(), IQ4_NL())}

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kv_rows.h"
 #include "pool.h"
 #include "recurrent.h"
 #include "vec.h"
@@ -18,219 +19,11 @@ namespace {
 
 using lp::dot;
 using lp::exp_approx;
+using lp::load_kv;
+using lp::store_kv;
 using lp::rms_norm;
 using lp::silu;
 using std::vector;
-
-// ---------------------------------------------------------------------------------------------
-// KV conversions (vec.h has the reductions, each in one fixed order for a given build).
-
-float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000 | (man << 13);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    } else if (man == 0) {
-        bits = sign;
-    } else {  // subnormal: normalise
-        int e = -1;
-        do { man <<= 1; e++; } while (!(man & 0x400));
-        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
-    }
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
-
-uint16_t float_to_half(float f) {  // round to nearest even, as torch's .to(float16)
-    uint32_t x;
-    std::memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000;
-    uint32_t abs = x & 0x7fffffff;
-    if (abs >= 0x7f800000) return (uint16_t)(sign | 0x7c00 | (abs > 0x7f800000 ? 0x200 : 0));
-    if (abs >= 0x477ff000) return (uint16_t)(sign | 0x7c00);  // rounds to infinity
-    if (abs < 0x38800000) {  // subnormal or zero in half
-        float af;
-        std::memcpy(&af, &abs, 4);
-        // 2^-24 is the half subnormal step: scale and round to an integer count of steps.
-        return (uint16_t)(sign | (uint32_t)std::nearbyint(af * 16777216.0f));
-    }
-    uint32_t mant_odd = (abs >> 13) & 1;
-    abs += 0xc8000fff + mant_odd;  // rebias exponent (-112 << 23) and round to nearest even
-    return (uint16_t)(sign | (abs >> 13));
-}
-
-float bf16_to_float(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
-
-uint16_t float_to_bf16(float f) {
-    uint32_t x;
-    std::memcpy(&x, &f, 4);
-    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40);
-    return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
-}
-
-// Block-quantized KV rows (lamplight/state/kv_quant.py: ggml's q8_0, q4_0, q4_1, q5_0 and q5_1
-// with its reference rounding): blocks of 32 values, each fp16 scales (d, and m for the _1
-// types), q5's fifth bits as a uint32, then the quants (4-bit: value j in byte j's low nibble,
-// value 16 + j in its high one). `index` counts values (a multiple of 32), so a row starts at
-// byte index / 32 * block bytes.
-constexpr int QBLOCK = 32;
-
-bool quantized(int type) { return type >= LP_KV_Q8_0 && type <= LP_KV_Q5_1; }
-
-int block_bytes(int type) {
-    switch (type) {
-        case LP_KV_Q8_0: return 2 + QBLOCK;
-        case LP_KV_Q4_0: return 2 + QBLOCK / 2;
-        case LP_KV_Q4_1: return 4 + QBLOCK / 2;
-        case LP_KV_Q5_0: return 6 + QBLOCK / 2;
-        default: return 8 + QBLOCK / 2;  // LP_KV_Q5_1
-    }
-}
-
-bool with_min(int type) { return type == LP_KV_Q4_1 || type == LP_KV_Q5_1; }
-bool five_bits(int type) { return type == LP_KV_Q5_0 || type == LP_KV_Q5_1; }
-
-float c_round(float x) {  // C's roundf, written out so that it matches kv_quant's to the bit
-    float t = std::trunc(x);
-    return std::fabs(x - t) >= 0.5f ? t + (x < 0 ? -1.0f : 1.0f) : t;
-}
-
-float read_half(const uint8_t* p) {
-    uint16_t bits;
-    std::memcpy(&bits, p, 2);
-    return half_to_float(bits);
-}
-
-void write_half(uint8_t* p, float x) {
-    uint16_t bits = float_to_half(x);
-    std::memcpy(p, &bits, 2);
-}
-
-void load_quantized(const uint8_t* block, int type, int n, float* out) {
-    for (int b = 0; b < n / QBLOCK; b++, block += block_bytes(type), out += QBLOCK) {
-        float d = read_half(block);
-        if (type == LP_KV_Q8_0) {
-            const uint8_t* q = block + 2;
-            int i = 0;
-#if defined(__AVX2__)
-            __m256 scale = _mm256_set1_ps(d);  // the same product as the scalar loop's, 8 at a time
-            for (; i < QBLOCK; i += 8) {
-                __m256i q32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(q + i)));
-                _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(q32), scale));
-            }
-#endif
-            for (; i < QBLOCK; i++) out[i] = (float)(int8_t)q[i] * d;
-            continue;
-        }
-        float m = with_min(type) ? read_half(block + 2) : 0.0f;
-        int offset = with_min(type) ? 4 : 2;
-        uint32_t qh = 0;
-        if (five_bits(type)) {
-            std::memcpy(&qh, block + offset, 4);
-            offset += 4;
-        }
-        const uint8_t* qs = block + offset;
-        int zero = type == LP_KV_Q4_0 ? 8 : type == LP_KV_Q5_0 ? 16 : 0;
-        for (int i = 0; i < QBLOCK; i++) {
-            int q = i < QBLOCK / 2 ? (qs[i] & 0x0f) : (qs[i - QBLOCK / 2] >> 4);
-            q |= (int)((qh >> i) & 1) << 4;
-            out[i] = with_min(type) ? (float)q * d + m : (float)(q - zero) * d;
-        }
-    }
-}
-
-void store_quantized(uint8_t* block, int type, int n, const float* x) {
-    for (int b = 0; b < n / QBLOCK; b++, block += block_bytes(type), x += QBLOCK) {
-        if (with_min(type)) {
-            float lo = x[0], hi = x[0];
-            for (int i = 1; i < QBLOCK; i++) {
-                lo = std::min(lo, x[i]);
-                hi = std::max(hi, x[i]);
-            }
-            float d = (hi - lo) / (type == LP_KV_Q4_1 ? 15.0f : 31.0f);
-            float id = d != 0.0f ? 1.0f / d : 0.0f;
-            write_half(block, d);
-            write_half(block + 2, lo);
-            uint32_t qh = 0;
-            uint8_t* qs = block + (type == LP_KV_Q5_1 ? 8 : 4);
-            for (int i = 0; i < QBLOCK / 2; i++) {
-                int q0 = (int)(uint8_t)((x[i] - lo) * id + 0.5f), q1 = (int)(uint8_t)((x[i + QBLOCK / 2] - lo) * id + 0.5f);
-                if (type == LP_KV_Q4_1) q0 = std::min(15, q0), q1 = std::min(15, q1);
-                qs[i] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
-                qh |= (uint32_t)((q0 >> 4) & 1) << i | (uint32_t)((q1 >> 4) & 1) << (i + QBLOCK / 2);
-            }
-            if (type == LP_KV_Q5_1) std::memcpy(block + 4, &qh, 4);
-            continue;
-        }
-        float amax = 0.0f, max = 0.0f;
-        for (int i = 0; i < QBLOCK; i++) {
-            if (amax < std::fabs(x[i])) {
-                amax = std::fabs(x[i]);
-                max = x[i];
-            }
-        }
-        float d = type == LP_KV_Q8_0 ? amax / 127.0f : max / (type == LP_KV_Q4_0 ? -8.0f : -16.0f);
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        write_half(block, d);
-        if (type == LP_KV_Q8_0) {
-            for (int i = 0; i < QBLOCK; i++) block[2 + i] = (uint8_t)(int8_t)c_round(x[i] * id);
-            continue;
-        }
-        float zero = type == LP_KV_Q4_0 ? 8.5f : 16.5f;
-        int top = type == LP_KV_Q4_0 ? 15 : 31;
-        uint32_t qh = 0;
-        uint8_t* qs = block + (type == LP_KV_Q5_0 ? 6 : 2);
-        for (int i = 0; i < QBLOCK / 2; i++) {
-            int q0 = std::min(top, (int)(int8_t)(x[i] * id + zero));
-            int q1 = std::min(top, (int)(int8_t)(x[i + QBLOCK / 2] * id + zero));
-            qs[i] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
-            qh |= (uint32_t)((q0 >> 4) & 1) << i | (uint32_t)((q1 >> 4) & 1) << (i + QBLOCK / 2);
-        }
-        if (type == LP_KV_Q5_0) std::memcpy(block + 2, &qh, 4);
-    }
-}
-
-// A KV row of `n` values as float32 into `out`.
-void load_kv(const void* base, int type, int64_t index, int n, float* out) {
-    if (quantized(type)) {
-        load_quantized((const uint8_t*)base + index / QBLOCK * block_bytes(type), type, n, out);
-        return;
-    }
-    if (type == LP_KV_F32) {
-        std::memcpy(out, (const float*)base + index, n * sizeof(float));
-        return;
-    }
-    const uint16_t* src = (const uint16_t*)base + index;
-    int i = 0;
-    if (type == LP_KV_F16) {
-#if defined(__F16C__)
-        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(src + i))));
-#endif
-        for (; i < n; i++) out[i] = half_to_float(src[i]);
-    } else {
-        for (; i < n; i++) out[i] = bf16_to_float(src[i]);
-    }
-}
-
-void store_kv(void* base, int type, int64_t index, int n, const float* in) {
-    if (quantized(type)) {
-        store_quantized((uint8_t*)base + index / QBLOCK * block_bytes(type), type, n, in);
-        return;
-    }
-    if (type == LP_KV_F32) {
-        std::memcpy((float*)base + index, in, n * sizeof(float));
-        return;
-    }
-    uint16_t* dst = (uint16_t*)base + index;
-    for (int i = 0; i < n; i++) dst[i] = type == LP_KV_F16 ? float_to_half(in[i]) : float_to_bf16(in[i]);
-}
 
 inline float gelu_tanh(float x) {
     const float c = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -1175,8 +968,7 @@ int32_t check_model(Model& m) {
 }
 
 int32_t check_pool(const LpKV& kv, int32_t n_kv_layers) {
-    auto known = [](int32_t type) { return type == LP_KV_F32 || type == LP_KV_F16 || type == LP_KV_BF16 || quantized(type); };
-    if (kv.n_layers != n_kv_layers || !kv.k || !kv.v || kv.pool_tokens < 0 || !known(kv.k_type) || !known(kv.v_type))
+    if (kv.n_layers != n_kv_layers || !kv.k || !kv.v || kv.pool_tokens < 0 || !lp::kv_type_known(kv.k_type) || !lp::kv_type_known(kv.v_type))
         return lp::fail(LP_ERR_ARGUMENT, "the KV pool (%d layers, %lld tokens, types %d/%d) is not one for this model "
                         "(%d KV layers)", kv.n_layers, (long long)kv.pool_tokens, kv.k_type, kv.v_type, n_kv_layers);
     return LP_OK;
@@ -1300,8 +1092,7 @@ int32_t lp_forward_hidden(void* model, const LpBatch* batch, const LpKV* kv, con
 }
 
 int32_t lp_kv_rows(int32_t type, int32_t store, void* pool, int64_t n_rows, int32_t width, float* values) {
-    bool known = type == LP_KV_F32 || type == LP_KV_F16 || type == LP_KV_BF16 || quantized(type);
-    if (!pool || !values || n_rows < 0 || width <= 0 || !known || (quantized(type) && width % QBLOCK))
+    if (!pool || !values || n_rows < 0 || width <= 0 || !lp::kv_type_known(type) || (lp::kv_quantized(type) && width % lp::KV_QBLOCK))
         return lp::fail(LP_ERR_ARGUMENT, "lp_kv_rows: type %d, %lld rows of width %d", type, (long long)n_rows, width);
     for (int64_t r = 0; r < n_rows; r++) {
         if (store) store_kv(pool, type, r * width, width, values + r * width);

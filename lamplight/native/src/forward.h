@@ -129,7 +129,7 @@ enum { LP_ACT_SILU = 0, LP_ACT_GELU_TANH = 1, LP_ACT_SWIGLU_OAI = 2 };
 enum { LP_GATING_SOFTMAX = 0, LP_GATING_SOFTMAX_SELECTED = 1 };
 // quantized: blocks of 32 (lamplight/state/kv_quant.py)
 enum { LP_KV_F32 = 0, LP_KV_F16 = 1, LP_KV_BF16 = 2, LP_KV_Q8_0 = 3, LP_KV_Q4_0 = 4, LP_KV_Q4_1 = 5, LP_KV_Q5_0 = 6,
-       LP_KV_Q5_1 = 7 };
+       LP_KV_Q5_1 = 7, LP_KV_IQ4_NL = 8 };
 
 typedef struct LpConfig {
     int32_t n_layers, n_embd, n_heads, n_kv_heads, head_dim_k, head_dim_v, n_ff, vocab;
