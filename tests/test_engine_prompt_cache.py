@@ -4,12 +4,18 @@ conversations than slots, each entry only ever standing for its own tokens, with
 from __future__ import annotations
 
 import pytest
-from model_helpers import engine_model
+import torch
+from model_helpers import engine_model, runner_for
+from tiny_gguf import write_tiny_llama
 
 from lamplight.engine.config import EngineConfig
 from lamplight.engine.engine import Engine
 from lamplight.engine.types import FinalEvent, GenerationRequest
+from lamplight.gguf.file import GGUFFile
+from lamplight.native import runtime
 from lamplight.sampling import SamplingParams
+from lamplight.state.kv_quant import QUANT_TYPES
+from lamplight.tokenizer import Tokenizer
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 
@@ -111,3 +117,29 @@ def test_room_taken_from_an_idle_slot_keeps_its_tokens_in_ram(model):
     finally:
         eng.stop()
     assert again.n_cached == len(a) + 5 and eng.prompt_cache.hits == 1
+
+
+@pytest.mark.parametrize("backend", ["reference", "native"])
+def test_a_quantized_kv_cache_is_kept_at_its_own_size(backend, tmp_path):
+    """-ctk q8_0 -ctv iq4_nl: an entry holds the pool's own bytes (not dequantized floats, 3.8x
+    larger), and the conversation back from RAM answers as an uncached read does."""
+    if backend == "native" and runtime.library() is None:
+        pytest.skip(f"no native library: {runtime.unavailable_reason()}")
+    gguf_file = GGUFFile(write_tiny_llama(tmp_path / "tiny.gguf", n_ctx=512, n_embd=128))  # head size 32
+    eng = make_engine((runner_for(gguf_file, backend), Tokenizer.from_gguf(gguf_file)),
+                      cache_type_k="q8_0", cache_type_v="iq4_nl")
+    try:
+        a = tokens(120, 1)
+        first_a = run(eng, a)
+        run(eng, tokens(90, 2))  # a's tokens go to RAM
+        (entry,) = eng.prompt_cache.entries.values()
+        follow_up = a + list(first_a.token_ids[:-1]) + tokens(9, 3)
+        again = run(eng, follow_up)
+        fresh = run(eng, follow_up, cache_prompt=False)
+    finally:
+        eng.stop()
+    layout = eng.state.kv.layout
+    assert entry.bytes == len(entry.tokens) * layout.bytes_per_token(QUANT_TYPES["q8_0"], QUANT_TYPES["iq4_nl"])
+    assert entry.bytes * 3 < len(entry.tokens) * layout.bytes_per_token(torch.float32)
+    assert again.n_cached == len(a) + 5 and eng.prompt_cache.hits == 1
+    assert again.token_ids == fresh.token_ids

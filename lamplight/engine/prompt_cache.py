@@ -33,7 +33,7 @@ MIB = 2**20
 class CacheEntry:
     tokens: tuple[int, ...]
     lora: tuple[float, ...]
-    k: list[torch.Tensor]  # per layer [tokens, n_kv_heads, head_dim] (KVPool.read's copies)
+    k: list[torch.Tensor]  # per layer, the rows as the pool stores them (KVPool.read_stored)
     v: list[torch.Tensor]
     recurrent: torch.Tensor | None  # the state after all the tokens (models with recurrent layers)
 
@@ -72,7 +72,7 @@ class PromptCache:
             return
         index = torch.tensor(slot.table.slots(0, len(tokens)), dtype=torch.long, device=cache.device)
         pool = cache.pool
-        layers = [pool.read(layer, index) for layer in range(len(pool.k))]
+        layers = [pool.read_stored(layer, index) for layer in range(len(pool.k))]
         recurrent = state.snapshot(slot.id).clone() if state.recurrent is not None else None
         entry = CacheEntry(tokens, tuple(slot.cached_lora), [k for k, _ in layers], [v for _, v in layers], recurrent)
         if self.budget is not None and entry.bytes > self.budget:
@@ -100,7 +100,7 @@ class PromptCache:
         index = torch.tensor(table.slots(), dtype=torch.long, device=cache.device)
         pool = cache.pool
         for layer in range(len(pool.k)):
-            pool.write(layer, index, entry.k[layer].to(cache.device), entry.v[layer].to(cache.device))
+            pool.write_stored(layer, index, entry.k[layer].to(cache.device), entry.v[layer].to(cache.device))
         if entry.recurrent is not None:
             state.restore(slot.id, entry.recurrent, len(entry.tokens))
         slot.cached_tokens = list(entry.tokens)

@@ -110,6 +110,17 @@ class KVPool:
         v = _decode(self.v[layer].index_select(1, flat), self.v_type, dv)
         return k.view(k.shape[0], *index.shape, k.shape[-1]), v.view(v.shape[0], *index.shape, v.shape[-1])
 
+    def read_stored(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the K/V rows at `slots` as the pool stores them, head-major ([n_kv_heads, T,
+        head_dim] of the pool's dtype, or a quantized type's row bytes): for write_stored to put
+        back to the bit, at a quantized type's size."""
+        return self.k[layer][:, slots], self.v[layer][:, slots]
+
+    def write_stored(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Put rows read_stored gave back, at pool indices `slots`."""
+        self.k[layer].index_copy_(1, slots, k)
+        self.v[layer].index_copy_(1, slots, v)
+
     def copy_tokens(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy K/V entries between pool indices in every layer (used to un-share a block)."""
         for layer in range(self.layout.num_layers):
