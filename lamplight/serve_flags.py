@@ -674,8 +674,9 @@ FLAG_GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
                   "reuses a cached prefix whichever slot it gets", "SIMILARITY"),
         _accepted(("--cache-idle-slots", "--no-cache-idle-slots"), "idle slots' KV stays in lamplight's paged prefix "
                   "cache until the space is needed", env="LLAMA_ARG_CACHE_IDLE_SLOTS"),
-        _accepted(("--cache-reuse",), "chunk reuse by KV shifting is not implemented (requests' n_cache_reuse is "
-                  "accepted and ignored too); prefixes are reused", "N", env="LLAMA_ARG_CACHE_REUSE"),
+        _accepted(("--cache-reuse",), "lamplight reuses cached prefixes, not chunks shifted into place: a shifted "
+                  "chunk's K/V were computed after other tokens, so the reply would depend on what was cached "
+                  "(requests' n_cache_reuse is accepted and ignored likewise)", "N", env="LLAMA_ARG_CACHE_REUSE"),
         _accepted(("--reuse-port",), "lamplight binds one socket of its own", env="LLAMA_ARG_REUSE_PORT"),
         _accepted(("-bs", "--backend-sampling"), "lamplight samples every slot in one batch with torch",
                   env="LLAMA_ARG_BACKEND_SAMPLING"),

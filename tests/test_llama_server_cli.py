@@ -234,8 +234,9 @@ def test_recorded_command_line_parses_into_llama_servers_meaning(clean_env):
         "scaled_dot_product_attention)",
         "-ngl 99: lamplight runs the whole model with torch on one device (the CPU, or torch's CUDA device)",
         "--no-mmap: lamplight memory-maps the GGUF and copies what its kernels repack",
-        "--cache-reuse 256: chunk reuse by KV shifting is not implemented (requests' n_cache_reuse is accepted and "
-        "ignored too); prefixes are reused",
+        "--cache-reuse 256: lamplight reuses cached prefixes, not chunks shifted into place: a shifted chunk's K/V "
+        "were computed after other tokens, so the reply would depend on what was cached (requests' n_cache_reuse is "
+        "accepted and ignored likewise)",
     ]
 
 

@@ -105,7 +105,7 @@ def parse_generation_params(body: dict, endpoint: Endpoint, settings: ServerSett
     sampling = _sampling(_SamplingInputs(fields, limits, tokenizer, n_probs), default_sampling(settings))
     stream = fields.boolean("stream", False)
     request = _engine_request(fields, settings, sampling, n_parallel, stream)
-    fields.integer("n_cache_reuse", 0, minimum=0)  # accepted; chunk reuse is not implemented
+    fields.integer("n_cache_reuse", 0, minimum=0)  # accepted; shifted chunks would make replies depend on the cache (--cache-reuse)
     return GenerationParams(
         request=request,
         sampling=sampling,
