@@ -16,7 +16,8 @@ from gguf import GGMLQuantizationType as Q
 from lamplight.gguf.file import GGUFFile, TensorInfo
 from lamplight.gguf.quant import dequantize
 from lamplight.native import build
-from lamplight.native.pack import FORMAT_OF, SUPPORTED, W4, W8, W8_32, can_pack, dequantize_packed, pack, pack_rows
+from lamplight.native.pack import (FLAG_SUPER, FLAGS_OFFSET, FORMAT_OF, SUPPORTED, W4, W8, W8_32, can_pack,
+                                   dequantize_packed, pack, pack_rows)
 
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C++ compiler")
 
@@ -91,6 +92,47 @@ def test_pack_rows_concatenates_along_n():
     reference = torch.cat([dequantize(i) for i in (q5_0, q8_0, q6_k)]).numpy()
     np.testing.assert_array_equal(bits(dequantize_packed(mixed)), bits(reference))
     np.testing.assert_array_equal(bits(dequantize_packed(same)), bits(reference[:64]))
+
+
+K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q3_K, Q.Q2_K)
+
+
+def flags_of(packed) -> int:
+    return int(packed.data[FLAGS_OFFSET:FLAGS_OFFSET + 4].view(np.int32)[0])
+
+
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
+def test_k_quants_keep_their_own_scales_and_compute_the_same_bits(kernels, qtype):
+    """FLAG_SUPER: a k-quant's block scales stay int8 factors of a float32 d per 256 k, as gguf
+    has them (Q4_K 4.75 bits a weight, not 6), and every build's products are the float32
+    scales' to the bit, for any row count."""
+    info = random_info(qtype, 37, 768, seed=6)
+    compact, floats = pack(info), pack(info, super_scales=False)
+    assert flags_of(compact) & FLAG_SUPER and not flags_of(floats) & FLAG_SUPER
+    assert compact.data.nbytes < floats.data.nbytes
+    np.testing.assert_array_equal(bits(dequantize_packed(compact)), bits(dequantize_packed(floats)))
+    x = torch.randn(11, 768)
+    for variant, k in kernels.items():
+        for rows in (1, 3, 11):
+            assert torch.equal(k.matmul(compact, x[:rows]).view(torch.int32),
+                               k.matmul(floats, x[:rows]).view(torch.int32)), (variant, rows)
+
+
+def test_q4_k_packs_at_its_own_size():
+    info = random_info(Q.Q4_K, 64, 2048)
+    assert pack(info).data.nbytes * 8 / (64 * 2048) < 4.8 < pack(info, super_scales=False).data.nbytes * 8 / (64 * 2048)
+
+
+def test_pack_rows_keeps_super_scales_only_when_every_part_has_them():
+    q4_k, q6_k, q5_k, q8_0 = (random_info(t, 16 * (i + 1), 512, i) for i, t in enumerate([Q.Q4_K, Q.Q6_K, Q.Q5_K, Q.Q8_0]))
+    assert flags_of(pack_rows([q4_k, q4_k])) & FLAG_SUPER
+    mixed_blocks = pack_rows([q6_k, q5_k])  # Q5_K's 32-blocks as 16-blocks beside Q6_K's, both with factors
+    assert mixed_blocks.format == W8 and flags_of(mixed_blocks) & FLAG_SUPER
+    with_q8_0 = pack_rows([q6_k, q8_0])
+    assert not flags_of(with_q8_0) & FLAG_SUPER
+    for packed, parts in ((mixed_blocks, (q6_k, q5_k)), (with_q8_0, (q6_k, q8_0))):
+        # Equal values; Q6_K's zero weights may turn +0 beside Q5_K's mins (d q + 0).
+        np.testing.assert_array_equal(dequantize_packed(packed), torch.cat([dequantize(i) for i in parts]).numpy())
 
 
 def test_pack_rows_joins_q4_0_with_mins_and_refuses_4_with_8_bits():

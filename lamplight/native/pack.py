@@ -6,13 +6,19 @@ mins): w = scale * q (+ min), with the very float32 operations gguf's dequantiza
   LP_W4    (block 32, q 0..15):     Q4_0 (ZERO8: w = d (q - 8)), Q4_1 (d, m), Q4_K (d sc_j, -dmin m_j)
   LP_W8_32 (block 32, int8 q):      Q8_0, Q5_0 (q - 16), Q5_1 (d, m), Q5_K (d sc_j, -dmin m_j)
   LP_W8    (block 16, int8 q):      Q6_K (d sc_j, q - 32), Q3_K, Q2_K (d sc_j, -dmin m_j)
-Products such as d * sc_j are computed here in float32, as gguf computes them, and stored.
+Products such as d * sc_j are computed here in float32, as gguf computes them, and stored; or,
+for the k-quants (FLAG_SUPER), kept as gguf has them: a float32 d per 256 k and an int8 factor
+per block, multiplied by the kernel. That product is exact (an fp16 times an integer of at most 8
+bits), so both layouts give the same scales, and the super one reads 4.75 bits a Q4_K weight
+instead of 6 (8.6 a Q6_K one instead of 10).
 
 The layout (one for every instruction set): a 64-byte header (its int32 at offset 16 holds the
-flags), then the columns in groups of 16 (zero columns pad the last one), each group a run of
-block records [quants][16 scales][16 mins if FLAG_MIN]; the quants are 64-byte chunks, one per
-quad of 4 consecutive k, with byte 4 c + i = column c, k = 4 quad + i. In LP_W4 chunk t holds
-quad t in its low nibbles and quad t + 4 in its high ones.
+flags), then the columns in groups of 16 (zero columns pad the last one). Without FLAG_SUPER a
+group is a run of block records [quants][16 scales][16 mins if FLAG_MIN]; with it, a run of
+super-blocks of 256 k, each [16 d][16 dmin if FLAG_MIN][the blocks' 16 int8 scale factors each]
+[their 16 min factors each, if FLAG_MIN] then the blocks' quants. The quants are 64-byte chunks,
+one per quad of 4 consecutive k, with byte 4 c + i = column c, k = 4 quad + i. In LP_W4 chunk t
+holds quad t in its low nibbles and quad t + 4 in its high ones.
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ from gguf.quants import Q4_K
 from ..gguf.file import TensorInfo
 
 W4, W8, W8_32 = 1, 2, 3
-FLAG_MIN, FLAG_ZERO8 = 1, 2
+FLAG_MIN, FLAG_ZERO8, FLAG_SUPER = 1, 2, 4
 HEADER_BYTES, FLAGS_OFFSET, GROUP, ALIGN = 64, 16, 16, 64
+SUPER = 256  # k per super-block (FLAG_SUPER)
 BLOCK = {W4: 32, W8: 16, W8_32: 32}
 QUANT_BYTES = {W4: 256, W8: 256, W8_32: 512}
 
@@ -50,25 +57,40 @@ class PackedWeight:
 
 
 @dataclass
+class _Factors:
+    """Per-block scales (or mins) as gguf's k-quants keep them: d [n, k / 256] float32 times an
+    integer factor [n, k / block] (int8); d * factor is exact in float32."""
+
+    d: np.ndarray
+    factor: np.ndarray
+
+    def values(self, block: int) -> np.ndarray:
+        return np.repeat(self.d, SUPER // block, axis=1) * self.factor.astype(np.float32)
+
+
+@dataclass
 class _Parts:
-    """A weight split exactly: q [n, k] (uint8 for W4, int8 otherwise), scale and min [n, k / block]."""
+    """A weight split exactly: q [n, k] (uint8 for W4, int8 otherwise), scale and min [n, k / block]
+    (float32), and for the k-quants the same scales and mins as factors of d."""
 
     format: int
     q: np.ndarray
     scale: np.ndarray
     min: np.ndarray | None
     zero8: bool = False
+    factors: tuple[_Factors, _Factors | None] | None = None
 
 
 def can_pack(qtype) -> bool:
     return qtype in SUPPORTED
 
 
-def pack(info: TensorInfo) -> PackedWeight:
-    return _build(_split(info))
+def pack(info: TensorInfo, super_scales: bool = True) -> PackedWeight:
+    """`super_scales=False` stores a k-quant's scales as float32 products (FLAG_SUPER off)."""
+    return _build(_split(info), super_scales)
 
 
-def pack_rows(infos: list[TensorInfo]) -> PackedWeight:
+def pack_rows(infos: list[TensorInfo], super_scales: bool = True) -> PackedWeight:
     """Several weights with the same k concatenated along n (fused Q/K/V, gate/up).
 
     W8_32 parts join W8 ones as pairs of 16-blocks; a Q4_0 part joins W4 ones with mins as
@@ -84,10 +106,14 @@ def pack_rows(infos: list[TensorInfo]) -> PackedWeight:
         parts = [_as_16_blocks(p) if p.format == W8_32 else p for p in parts]
     if any(p.min is not None for p in parts):
         parts = [_with_min(p) for p in parts]
+    factors = None
+    if all(p.factors is not None for p in parts):
+        factors = (_join([p.factors[0] for p in parts]),
+                   None if parts[0].min is None else _join([p.factors[1] for p in parts]))
     return _build(_Parts(parts[0].format, np.concatenate([p.q for p in parts]),
                          np.concatenate([p.scale for p in parts]),
                          None if parts[0].min is None else np.concatenate([p.min for p in parts]),
-                         parts[0].zero8))
+                         parts[0].zero8, factors), super_scales)
 
 
 def dequantize_packed(p: PackedWeight) -> np.ndarray:
@@ -95,21 +121,53 @@ def dequantize_packed(p: PackedWeight) -> np.ndarray:
     flags = int(p.data[FLAGS_OFFSET:FLAGS_OFFSET + 4].view(np.int32)[0])
     block, qbytes = BLOCK[p.format], QUANT_BYTES[p.format]
     groups, nblk = -(-p.n // GROUP), p.k // block
-    rec = qbytes + 64 * (2 if flags & FLAG_MIN else 1)
-    body = p.data[HEADER_BYTES:HEADER_BYTES + groups * nblk * rec].reshape(groups, nblk, rec)
-    q = _unchunk(body[..., :qbytes], p.format).astype(np.float32)
-
-    def per_block(column: slice) -> np.ndarray:  # [groups, nblk, 16] floats -> [n, k / block, 1]
-        values = np.ascontiguousarray(body[..., column]).view(np.float32)
-        return values.transpose(0, 2, 1).reshape(groups * GROUP, nblk, 1)[:p.n]
-
-    q = q[:p.n].reshape(p.n, nblk, block)
+    if flags & FLAG_SUPER:
+        quants, scale, mn = _read_super(p, flags)
+    else:
+        rec = qbytes + 64 * (2 if flags & FLAG_MIN else 1)
+        body = p.data[HEADER_BYTES:HEADER_BYTES + groups * nblk * rec].reshape(groups, nblk, rec)
+        quants = body[..., :qbytes]
+        scale = _per_column(np.ascontiguousarray(body[..., qbytes:qbytes + 64]).view(np.float32))
+        mn = _per_column(np.ascontiguousarray(body[..., qbytes + 64:qbytes + 128]).view(np.float32)) \
+            if flags & FLAG_MIN else None
+    q = _unchunk(quants, p.format).astype(np.float32)[:p.n].reshape(p.n, nblk, block)
     if flags & FLAG_ZERO8:
         q -= np.float32(8)
-    w = per_block(slice(qbytes, qbytes + 64)) * q
-    if flags & FLAG_MIN:
-        w = w + per_block(slice(qbytes + 64, qbytes + 128))
+    w = scale[:p.n, :, None] * q
+    if mn is not None:
+        w = w + mn[:p.n, :, None]
     return w.reshape(p.n, p.k)
+
+
+def _per_column(values: np.ndarray) -> np.ndarray:
+    """[groups, blocks, 16] -> [groups * 16, blocks]."""
+    return values.transpose(0, 2, 1).reshape(values.shape[0] * GROUP, values.shape[1])
+
+
+def _super_sizes(fmt: int, with_min: bool) -> tuple[int, int, int]:
+    """(blocks per super-block, its header bytes, its bytes) for FLAG_SUPER."""
+    per_super = SUPER // BLOCK[fmt]
+    header = (64 + GROUP * per_super) * (2 if with_min else 1)
+    return per_super, header, header + per_super * QUANT_BYTES[fmt]
+
+
+def _read_super(p: PackedWeight, flags: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A FLAG_SUPER body: quants [groups, blocks, quant bytes], scales and mins [groups * 16, blocks]."""
+    with_min = bool(flags & FLAG_MIN)
+    per_super, header, size = _super_sizes(p.format, with_min)
+    groups, supers = -(-p.n // GROUP), p.k // SUPER
+    body = p.data[HEADER_BYTES:HEADER_BYTES + groups * supers * size].reshape(groups, supers, size)
+    quants = body[..., header:].reshape(groups, supers * per_super, QUANT_BYTES[p.format])
+    factor_start = 64 * (2 if with_min else 1)
+
+    def values(which: int) -> np.ndarray:
+        d = np.ascontiguousarray(body[..., 64 * which:64 * which + 64]).view(np.float32)  # [g, s, 16]
+        start = factor_start + GROUP * per_super * which
+        factor = body[..., start:start + GROUP * per_super].view(np.int8).reshape(groups, supers, per_super, GROUP)
+        product = d[:, :, None, :] * factor.astype(np.float32)
+        return _per_column(product.reshape(groups, supers * per_super, GROUP))
+
+    return quants, values(0), values(1) if with_min else None
 
 
 # -- splitting GGUF blocks into q, scales and mins --------------------------------------------
@@ -135,7 +193,15 @@ def _split(info: TensorInfo) -> _Parts:
         raise ValueError(f"{info.name}: {info.qtype.name} cannot be packed for the native kernels")
     n, k = info.shape
     t = info.qtype
-    q, scale, mn, zero8 = _SPLITTERS[t](info.data.reshape(-1, GGML_QUANT_SIZES[t][1]))
+    split = _SPLITTERS[t](info.data.reshape(-1, GGML_QUANT_SIZES[t][1]))
+    if isinstance(split[1], _Factors):  # a k-quant: one d per GGUF block of 256
+        q, scale_f, min_f = split
+        scale_f, min_f = (None if f is None else _Factors(f.d.reshape(n, -1), f.factor.reshape(n, -1))
+                          for f in (scale_f, min_f))
+        block = BLOCK[FORMAT_OF[t]]
+        return _Parts(FORMAT_OF[t], q.reshape(n, k), scale_f.values(block), None if min_f is None else min_f.values(block),
+                      False, (scale_f, min_f))
+    q, scale, mn, zero8 = split
     return _Parts(FORMAT_OF[t], q.reshape(n, k), scale.reshape(n, -1), None if mn is None else mn.reshape(n, -1), zero8)
 
 
@@ -147,16 +213,19 @@ def _q4_1(b):
     return _nibbles(b[:, 4:], 16), _f16(b[:, 0:2]), _f16(b[:, 2:4]), False
 
 
+# The k-quants' splitters return (q, scale factors, min factors or None): w = d f q + dmin f' (per
+# GGUF block of 256, d and dmin [blocks, 1]; factors [blocks, sub-blocks]).
+
 def _k_scales(b):
-    """Q4_K/Q5_K: (d * sc_j, -(dmin * m_j)) per 32-weight sub-block, [blocks, 8] float32."""
+    """Q4_K/Q5_K: d * sc_j and -dmin * m_j per 32-weight sub-block (-(dmin m) is (-dmin) m)."""
     d, dmin = _f16(b[:, 0:2])[:, None], _f16(b[:, 2:4])[:, None]
     sc, m = Q4_K.get_scale_min(b[:, 4:16].copy())
-    return d * sc.astype(np.float32), -(dmin * m.astype(np.float32))
+    return _Factors(d, sc.astype(np.int8)), _Factors(-dmin, m.astype(np.int8))
 
 
 def _q4_k(b):
     scale, mn = _k_scales(b)
-    return _nibbles(b[:, 16:], 32), scale, mn, False
+    return _nibbles(b[:, 16:], 32), scale, mn
 
 
 def _q8_0(b):
@@ -178,7 +247,7 @@ def _q5_k(b):
     # qh bit j of byte i is the high bit of sub-block j's value i.
     high = _high_bits(b[:, 16:48], 256).reshape(-1, 32, 8).transpose(0, 2, 1).reshape(-1, 256)
     q = _nibbles(b[:, 48:], 32) | (high << 4)
-    return q.view(np.int8), scale, mn, False
+    return q.view(np.int8), scale, mn
 
 
 def _q6_k(b):
@@ -186,8 +255,7 @@ def _q6_k(b):
     ql = b[:, :128].reshape(n_blocks, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
     qh = b[:, 128:192].reshape(n_blocks, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
     q = ((ql & 0x0F).reshape(n_blocks, 256) | ((qh & 0x03).reshape(n_blocks, 256) << 4)).view(np.int8) - np.int8(32)
-    scale = _f16(b[:, 208:210])[:, None] * b[:, 192:208].view(np.int8).astype(np.float32)
-    return q, scale, None, False
+    return q, _Factors(_f16(b[:, 208:210])[:, None], b[:, 192:208].view(np.int8).copy()), None
 
 
 def _q3_k(b):
@@ -195,12 +263,12 @@ def _q3_k(b):
     hmask, qs, packed, d = b[:, :32], b[:, 32:96], b[:, 96:108], _f16(b[:, 108:110])
     low = (packed[:, :8].reshape(n_blocks, 1, 8) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)).reshape(n_blocks, 16)
     high = (packed[:, 8:].reshape(n_blocks, 1, 4) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 4, 1)).reshape(n_blocks, 16)
-    sc = (((low & 0x0F) | ((high & 0x03) << 4)).view(np.int8) - np.int8(32)).astype(np.float32)
+    sc = ((low & 0x0F) | ((high & 0x03) << 4)).view(np.int8) - np.int8(32)
     ql = (qs.reshape(n_blocks, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 0x03
     qh = (hmask.reshape(n_blocks, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 0x01
     # The high bit set means no offset; clear means -4.
     q = ql.reshape(n_blocks, 256).view(np.int8) - ((qh.reshape(n_blocks, 256) ^ 1) << 2).view(np.int8)
-    return q, d[:, None] * sc, None, False
+    return q, _Factors(d[:, None], sc), None
 
 
 def _q2_k(b):
@@ -208,9 +276,8 @@ def _q2_k(b):
     sc, qs = b[:, :16], b[:, 16:80]
     d, dmin = _f16(b[:, 80:82])[:, None], _f16(b[:, 82:84])[:, None]
     q = (qs.reshape(n_blocks, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 0x03
-    scale = d * (sc & 0x0F).astype(np.float32)
-    mn = -(dmin * (sc >> 4).astype(np.float32))
-    return q.reshape(n_blocks, 256).view(np.int8), scale, mn, False
+    return (q.reshape(n_blocks, 256).view(np.int8), _Factors(d, (sc & 0x0F).view(np.int8)),
+            _Factors(-dmin, (sc >> 4).view(np.int8)))
 
 
 # MXFP4's 4-bit codes as int8 multiples of half the block scale: w = 2^(e - 128) * q.
@@ -233,7 +300,11 @@ _SPLITTERS = {
 
 def _as_16_blocks(p: _Parts) -> _Parts:
     """A W8_32 weight as W8: each 32-block's scale and min serve both of its 16-halves."""
-    return _Parts(W8, p.q, np.repeat(p.scale, 2, axis=1), None if p.min is None else np.repeat(p.min, 2, axis=1))
+    factors = None
+    if p.factors is not None:
+        factors = tuple(None if f is None else _Factors(f.d, np.repeat(f.factor, 2, axis=1)) for f in p.factors)
+    return _Parts(W8, p.q, np.repeat(p.scale, 2, axis=1), None if p.min is None else np.repeat(p.min, 2, axis=1),
+                  factors=factors)
 
 
 def _with_min(p: _Parts) -> _Parts:
@@ -241,7 +312,15 @@ def _with_min(p: _Parts) -> _Parts:
         return p
     if p.zero8:
         return _Parts(p.format, p.q, p.scale, -8 * p.scale)
-    return _Parts(p.format, p.q, p.scale, np.zeros_like(p.scale))
+    factors = None
+    if p.factors is not None:
+        scale = p.factors[0]
+        factors = (scale, _Factors(np.zeros_like(scale.d), np.zeros_like(scale.factor)))
+    return _Parts(p.format, p.q, p.scale, np.zeros_like(p.scale), factors=factors)
+
+
+def _join(factors: list[_Factors]) -> _Factors:
+    return _Factors(np.concatenate([f.d for f in factors]), np.concatenate([f.factor for f in factors]))
 
 
 # -- the layout ----------------------------------------------------------------------------------
@@ -276,11 +355,13 @@ def _aligned_empty(size: int) -> np.ndarray:
     return raw[start:start + size]
 
 
-def _build(p: _Parts) -> PackedWeight:
+def _build(p: _Parts, super_scales: bool = True) -> PackedWeight:
     n, k = p.q.shape
-    block, qbytes = BLOCK[p.format], QUANT_BYTES[p.format]
     if k % 32:
         raise ValueError(f"the native kernels need k to be a multiple of 32, not {k}")
+    if super_scales and p.factors is not None and k % SUPER == 0:
+        return _build_super(p)
+    block, qbytes = BLOCK[p.format], QUANT_BYTES[p.format]
     pad = -n % GROUP
     q, scale, mn = p.q, p.scale, p.min
     if pad:  # zero columns: q = 0, scale = 0, min = 0
@@ -299,4 +380,33 @@ def _build(p: _Parts) -> PackedWeight:
         if values is not None:  # [n, nblk] -> [groups, nblk, 16 floats]
             per_group = values.astype(np.float32, copy=False).reshape(groups, GROUP, nblk).transpose(0, 2, 1)
             body[..., offset:offset + 64] = np.ascontiguousarray(per_group).view(np.uint8)
+    return PackedWeight(p.format, n, k, data)
+
+
+def _padded(values: np.ndarray, rows: int) -> np.ndarray:
+    """values [n, ...] with zero rows up to `rows` (zero columns of the weight)."""
+    return np.concatenate([values, np.zeros((rows - values.shape[0], *values.shape[1:]), values.dtype)])
+
+
+def _build_super(p: _Parts) -> PackedWeight:
+    """FLAG_SUPER's layout (see the module docstring)."""
+    n, k = p.q.shape
+    with_min = p.min is not None
+    rows = n + -n % GROUP
+    groups, supers = rows // GROUP, k // SUPER
+    per_super, header, size = _super_sizes(p.format, with_min)
+    data = _aligned_empty(HEADER_BYTES + groups * supers * size)
+    flags = np.zeros(HEADER_BYTES // 4, np.int32)
+    flags[FLAGS_OFFSET // 4] = FLAG_SUPER | (FLAG_MIN if with_min else 0)
+    data[:HEADER_BYTES] = flags.view(np.uint8)
+    body = data[HEADER_BYTES:].reshape(groups, supers, size)
+    quants = _chunks(_padded(p.q, rows), p.format)  # [groups, blocks, quant bytes]
+    body[..., header:] = quants.reshape(groups, supers, per_super * QUANT_BYTES[p.format])
+    factor_start = 64 * (2 if with_min else 1)
+    for which, f in enumerate(p.factors[: 2 if with_min else 1]):
+        d = _padded(f.d.astype(np.float32), rows).reshape(groups, GROUP, supers).transpose(0, 2, 1)
+        body[..., 64 * which:64 * which + 64] = np.ascontiguousarray(d).view(np.uint8)
+        factor = _padded(f.factor, rows).reshape(groups, GROUP, supers, per_super).transpose(0, 2, 3, 1)
+        start = factor_start + GROUP * per_super * which
+        body[..., start:start + GROUP * per_super] = np.ascontiguousarray(factor).reshape(groups, supers, -1).view(np.uint8)
     return PackedWeight(p.format, n, k, data)

@@ -189,10 +189,35 @@ template <> struct Fmt<LP_W8_32> { static constexpr int block = 32, qbytes = 512
 
 template <int FMT, bool MIN> constexpr int record_bytes() { return Fmt<FMT>::qbytes + 64 + (MIN ? 64 : 0); }
 
+// Where block b of a group keeps its quants and its 16 columns' scales (which = 0) or mins
+// (which = 1), in either layout (qmatmul.h): records, or super-blocks of kSuper k whose header
+// holds 16 float32 d (and dmin) and each block's 16 int8 factors.
+constexpr int kSuper = 256;
+template <int FMT, bool MIN, bool SUP> struct Blocks {
+    static constexpr int qbytes = Fmt<FMT>::qbytes, per_super = kSuper / Fmt<FMT>::block, kinds = MIN ? 2 : 1;
+    static constexpr size_t header = size_t(64 + 16 * per_super) * kinds, super_bytes = header + per_super * qbytes;
+
+    static const uint8_t* quants(const uint8_t* grp, int b) {
+        if constexpr (SUP) return grp + size_t(b / per_super) * super_bytes + header + size_t(b % per_super) * qbytes;
+        return grp + size_t(b) * record_bytes<FMT, MIN>();
+    }
+    // Without SUP: the 16 float32 values. With it: the super-block's 16 float32 d.
+    static const float* floats(const uint8_t* grp, int b, int which) {
+        if constexpr (SUP) return reinterpret_cast<const float*>(grp + size_t(b / per_super) * super_bytes + 64 * which);
+        return reinterpret_cast<const float*>(quants(grp, b) + qbytes + 64 * which);
+    }
+    // With SUP: the block's 16 int8 factors.
+    static const int8_t* factors(const uint8_t* grp, int b, int which) {
+        return reinterpret_cast<const int8_t*>(grp + size_t(b / per_super) * super_bytes + 64 * kinds +
+                                               16 * (per_super * which + b % per_super));
+    }
+    static size_t group_bytes(int k) {
+        return SUP ? size_t(k / kSuper) * super_bytes : size_t(k / Fmt<FMT>::block) * record_bytes<FMT, MIN>();
+    }
+};
+
 // The activation term multiplying a block's min: xs of its 32-block or of its 16-half.
 template <int FMT> inline float min_term(const ActsRow& a, int b) { return Fmt<FMT>::block == 32 ? a.s[b] : a.s16[b]; }
-
-inline const float* scales_of(const uint8_t* rec, int qbytes) { return reinterpret_cast<const float*>(rec + qbytes); }
 
 inline int32_t load_i32(const void* p) {
     int32_t v;
@@ -253,25 +278,35 @@ inline void block_sums(const uint8_t* rec, const ActsRow* a, int kb, int b, __m5
     }
 }
 
-template <int FMT, bool MIN>
+template <int FMT, bool MIN, bool SUP>
 const void* prepare(const uint8_t*, int) { return nullptr; }
 
-template <int FMT, bool MIN, bool ZERO8, int R>
+// Block b's 16 scales (which = 0) or mins (1): stored, or d times the factor (an exact product).
+template <int FMT, bool MIN, bool SUP>
+inline __m512 scales16(const uint8_t* grp, int b, int which) {
+    using L = Blocks<FMT, MIN, SUP>;
+    const __m512 values = _mm512_load_ps(L::floats(grp, b, which));
+    if constexpr (!SUP) return values;
+    const __m128i f = _mm_load_si128(reinterpret_cast<const __m128i*>(L::factors(grp, b, which)));
+    return _mm512_mul_ps(values, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(f)));
+}
+
+template <int FMT, bool MIN, bool ZERO8, bool SUP, int R>
 void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst, const void*) {
-    constexpr int block = Fmt<FMT>::block, qbytes = Fmt<FMT>::qbytes;
+    constexpr int block = Fmt<FMT>::block;
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    for (int b = 0; b < nblk; ++b, grp += record_bytes<FMT, MIN>()) {
+    for (int b = 0; b < nblk; ++b) {
         const int kb = b * block;
         __m512i isum[R];
-        block_sums<FMT, ZERO8, R>(grp, a, kb, b, isum);
-        const __m512 scale = _mm512_load_ps(scales_of(grp, qbytes));
+        block_sums<FMT, ZERO8, R>(Blocks<FMT, MIN, SUP>::quants(grp, b), a, kb, b, isum);
+        const __m512 scale = scales16<FMT, MIN, SUP>(grp, b, 0);
         for (int r = 0; r < R; ++r) {
             const __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(a[r].d[kb / kActBlock]));
             acc[r] = _mm512_fmadd_ps(sd, _mm512_cvtepi32_ps(isum[r]), acc[r]);
         }
         if constexpr (MIN) {
-            const __m512 mins = _mm512_load_ps(scales_of(grp, qbytes) + kGroup);
+            const __m512 mins = scales16<FMT, MIN, SUP>(grp, b, 1);
             for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(min_term<FMT>(a[r], b)), acc[r]);
         }
     }
@@ -297,17 +332,19 @@ constexpr size_t kRowBlockBytes = 256 * 1024;
 // LP_W4 weights unpacked once per group when more than one row tile reads them: per half h of
 // the group and block b, the 4 chunks' low and high nibbles as 8 vectors (lo0 hi0 lo1 hi1 ...)
 // at unpacked[(h * nblk + b) * 8]. A thread's buffer, reused across calls.
-const __m256i* unpack_w4(const uint8_t* grp, int nblk, int rec_bytes) {
+template <bool MIN, bool SUP>
+const __m256i* unpack_w4(const uint8_t* grp, int nblk) {
     struct alignas(32) Chunk { uint8_t bytes[32]; };
     thread_local std::vector<Chunk> chunks;
     if (chunks.size() < size_t(nblk) * 16) chunks.resize(size_t(nblk) * 16);
     __m256i* const buf = reinterpret_cast<__m256i*>(chunks.data());
     const __m256i mask = _mm256_set1_epi8(0x0F);
-    for (int b = 0; b < nblk; ++b, grp += rec_bytes)
+    for (int b = 0; b < nblk; ++b)
         for (int h = 0; h < 2; ++h) {
+            const uint8_t* rec = Blocks<LP_W4, MIN, SUP>::quants(grp, b);
             __m256i* u = buf + (size_t(h) * nblk + b) * 8;
             for (int t = 0; t < 4; ++t) {
-                const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(grp + 64 * t + 32 * h));
+                const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(rec + 64 * t + 32 * h));
                 _mm256_store_si256(u + 2 * t, _mm256_and_si256(w, mask));
                 _mm256_store_si256(u + 2 * t + 1, _mm256_and_si256(_mm256_srli_epi16(w, 4), mask));
             }
@@ -315,10 +352,20 @@ const __m256i* unpack_w4(const uint8_t* grp, int nblk, int rec_bytes) {
     return buf;
 }
 
-template <int FMT, bool MIN>
+template <int FMT, bool MIN, bool SUP>
 const void* prepare(const uint8_t* grp, int nblk) {
-    if constexpr (FMT == LP_W4) return unpack_w4(grp, nblk, record_bytes<FMT, MIN>());
+    if constexpr (FMT == LP_W4) return unpack_w4<MIN, SUP>(grp, nblk);
     return nullptr;
+}
+
+// Block b's 8 scales (which = 0) or mins (1) of half h: stored, or d times the factor (exact).
+template <int FMT, bool MIN, bool SUP>
+inline __m256 scales8(const uint8_t* grp, int b, int which, int h) {
+    using L = Blocks<FMT, MIN, SUP>;
+    const __m256 values = _mm256_load_ps(L::floats(grp, b, which) + 8 * h);
+    if constexpr (!SUP) return values;
+    const __m128i f = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(L::factors(grp, b, which) + 8 * h));
+    return _mm256_mul_ps(values, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(f)));
 }
 
 // The block's exact integer sums for the 8 columns of half h of the group, one int32 lane each;
@@ -371,35 +418,36 @@ inline void block_sums(const uint8_t* rec, const __m256i* u, int h, const ActsRo
 }
 
 // Half h (8 columns) of the group: 16 ymm registers hold one half's accumulators comfortably.
-template <int FMT, bool MIN, bool ZERO8, int R, bool UNPACKED>
+template <int FMT, bool MIN, bool ZERO8, bool SUP, int R, bool UNPACKED>
 void half_tile(const uint8_t* grp, const __m256i* u, int h, int nblk, const ActsRow* a, float* const* dst) {
-    constexpr int block = Fmt<FMT>::block, qbytes = Fmt<FMT>::qbytes;
+    constexpr int block = Fmt<FMT>::block;
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     if (UNPACKED) u += size_t(h) * nblk * 8;
-    for (int b = 0; b < nblk; ++b, grp += record_bytes<FMT, MIN>()) {
+    for (int b = 0; b < nblk; ++b) {
         const int kb = b * block;
         __m256i isum[R];
-        block_sums<FMT, ZERO8, R>(grp, UNPACKED ? u + 8 * b : nullptr, h, a, kb, b, isum);
-        const __m256 scale = _mm256_load_ps(scales_of(grp, qbytes) + 8 * h);
+        block_sums<FMT, ZERO8, R>(Blocks<FMT, MIN, SUP>::quants(grp, b), UNPACKED ? u + 8 * b : nullptr, h, a, kb, b,
+                                  isum);
+        const __m256 scale = scales8<FMT, MIN, SUP>(grp, b, 0, h);
         for (int r = 0; r < R; ++r) {
             const __m256 sd = _mm256_mul_ps(scale, _mm256_set1_ps(a[r].d[kb / kActBlock]));
             acc[r] = _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(isum[r]), acc[r]);
         }
         if constexpr (MIN) {
-            const __m256 mins = _mm256_load_ps(scales_of(grp, qbytes) + kGroup + 8 * h);
+            const __m256 mins = scales8<FMT, MIN, SUP>(grp, b, 1, h);
             for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(mins, _mm256_set1_ps(min_term<FMT>(a[r], b)), acc[r]);
         }
     }
     for (int r = 0; r < R; ++r) _mm256_storeu_ps(dst[r] + 8 * h, acc[r]);
 }
 
-template <int FMT, bool MIN, bool ZERO8, int R>
+template <int FMT, bool MIN, bool ZERO8, bool SUP, int R>
 void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst, const void* prep) {
     const __m256i* u = static_cast<const __m256i*>(prep);
     for (int h = 0; h < 2; ++h) {
-        if (FMT == LP_W4 && u != nullptr) half_tile<FMT, MIN, ZERO8, R, true>(grp, u, h, nblk, a, dst);
-        else half_tile<FMT, MIN, ZERO8, R, false>(grp, nullptr, h, nblk, a, dst);
+        if (FMT == LP_W4 && u != nullptr) half_tile<FMT, MIN, ZERO8, SUP, R, true>(grp, u, h, nblk, a, dst);
+        else half_tile<FMT, MIN, ZERO8, SUP, R, false>(grp, nullptr, h, nblk, a, dst);
     }
 }
 
@@ -420,23 +468,32 @@ template <int FMT> inline int weight_q(const uint8_t* rec, int c, int j) {
     }
 }
 
-template <int FMT, bool MIN>
+template <int FMT, bool MIN, bool SUP>
 const void* prepare(const uint8_t*, int) { return nullptr; }
 
-template <int FMT, bool MIN, bool ZERO8, int R>
+// Column c's scale (which = 0) or min (1) of block b: stored, or d times the factor (exact).
+template <int FMT, bool MIN, bool SUP>
+inline float scale_of(const uint8_t* grp, int b, int which, int c) {
+    using L = Blocks<FMT, MIN, SUP>;
+    const float value = L::floats(grp, b, which)[c];
+    if constexpr (!SUP) return value;
+    return value * float(L::factors(grp, b, which)[c]);
+}
+
+template <int FMT, bool MIN, bool ZERO8, bool SUP, int R>
 void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst, const void*) {
-    constexpr int block = Fmt<FMT>::block, qbytes = Fmt<FMT>::qbytes;
+    constexpr int block = Fmt<FMT>::block;
     static_assert(R == 1, "the generic path works row by row");
     float acc[kGroup] = {};
-    for (int b = 0; b < nblk; ++b, grp += record_bytes<FMT, MIN>()) {
+    for (int b = 0; b < nblk; ++b) {
         const int kb = b * block;
-        const float* scale = scales_of(grp, qbytes);
+        const uint8_t* rec = Blocks<FMT, MIN, SUP>::quants(grp, b);
         const float xd = a->d[kb / kActBlock];
         for (int c = 0; c < kGroup; ++c) {
             int32_t isum = ZERO8 ? -8 * a->sum[b] : 0;
-            for (int j = 0; j < block; ++j) isum += weight_q<FMT>(grp, c, j) * a->q[kb + j];
-            acc[c] = std::fma(scale[c] * xd, float(isum), acc[c]);
-            if (MIN) acc[c] = std::fma(scale[kGroup + c], min_term<FMT>(*a, b), acc[c]);
+            for (int j = 0; j < block; ++j) isum += weight_q<FMT>(rec, c, j) * a->q[kb + j];
+            acc[c] = std::fma(scale_of<FMT, MIN, SUP>(grp, b, 0, c) * xd, float(isum), acc[c]);
+            if (MIN) acc[c] = std::fma(scale_of<FMT, MIN, SUP>(grp, b, 1, c), min_term<FMT>(*a, b), acc[c]);
         }
     }
     std::memcpy(dst[0], acc, sizeof acc);
@@ -453,42 +510,43 @@ using GroupFn = void (*)(const uint8_t* grp, int nblk, const ActsRow* a, int n_r
 using PrepareFn = const void* (*)(const uint8_t* grp, int nblk);
 
 // One group of columns for n_rows <= R rows (R = kRowTile, then down to 1).
-template <int FMT, bool MIN, bool ZERO8, int R = kRowTile>
+template <int FMT, bool MIN, bool ZERO8, bool SUP, int R = kRowTile>
 void group_rows(const uint8_t* grp, int nblk, const ActsRow* a, int n_rows, float* const* dst, const void* prep) {
     if (n_rows == R) {
-        tile<FMT, MIN, ZERO8, R>(grp, nblk, a, dst, prep);
+        tile<FMT, MIN, ZERO8, SUP, R>(grp, nblk, a, dst, prep);
     } else if constexpr (R > 1) {
-        group_rows<FMT, MIN, ZERO8, R - 1>(grp, nblk, a, n_rows, dst, prep);
+        group_rows<FMT, MIN, ZERO8, SUP, R - 1>(grp, nblk, a, n_rows, dst, prep);
     }
 }
 
 struct GroupKernel {
     GroupFn fn;
     PrepareFn prepare;
+    size_t (*group_bytes)(int k);
 };
 
-template <int FMT, bool MIN, bool ZERO8>
-constexpr GroupKernel kernel() { return {group_rows<FMT, MIN, ZERO8>, prepare<FMT, MIN>}; }
+template <int FMT, bool MIN, bool ZERO8 = false, bool SUP = false>
+constexpr GroupKernel kernel() {
+    return {group_rows<FMT, MIN, ZERO8, SUP>, prepare<FMT, MIN, SUP>, Blocks<FMT, MIN, SUP>::group_bytes};
+}
 
+template <int FMT>
+GroupKernel kernel_of(bool min, bool sup) {
+    if (sup) return min ? kernel<FMT, true, false, true>() : kernel<FMT, false, false, true>();
+    return min ? kernel<FMT, true>() : kernel<FMT, false>();
+}
+
+// LP_FLAG_ZERO8 comes from Q4_0 alone and LP_FLAG_SUPER from the k-quants: never together.
 GroupKernel group_kernel(int format, int32_t flags) {
-    const bool min = flags & LP_FLAG_MIN, zero8 = flags & LP_FLAG_ZERO8;
+    const bool min = flags & LP_FLAG_MIN, zero8 = flags & LP_FLAG_ZERO8, sup = flags & LP_FLAG_SUPER;
+    if (zero8 && (sup || format != LP_W4)) return {nullptr, nullptr, nullptr};
     switch (format) {
         case LP_W4:
             if (zero8) return min ? kernel<LP_W4, true, true>() : kernel<LP_W4, false, true>();
-            return min ? kernel<LP_W4, true, false>() : kernel<LP_W4, false, false>();
-        case LP_W8: return min ? kernel<LP_W8, true, false>() : kernel<LP_W8, false, false>();
-        case LP_W8_32: return min ? kernel<LP_W8_32, true, false>() : kernel<LP_W8_32, false, false>();
-        default: return {nullptr, nullptr};
-    }
-}
-
-size_t group_bytes(int format, int32_t flags, int k) {
-    const int extra = 64 + ((flags & LP_FLAG_MIN) ? 64 : 0);
-    switch (format) {
-        case LP_W4: return size_t(k / 32) * (256 + extra);
-        case LP_W8: return size_t(k / 16) * (256 + extra);
-        case LP_W8_32: return size_t(k / 32) * (512 + extra);
-        default: return 0;
+            return kernel_of<LP_W4>(min, sup);
+        case LP_W8: return kernel_of<LP_W8>(min, sup);
+        case LP_W8_32: return kernel_of<LP_W8_32>(min, sup);
+        default: return {nullptr, nullptr, nullptr};
     }
 }
 
@@ -517,6 +575,8 @@ const char* qmatmul_refusal(const lp_qweight* w, int32_t n_rows, int32_t col_beg
     if (!w || !w->data) return "a null weight";
     if (group_kernel(w->format, load_i32(w->data + LP_HEADER_FLAGS_OFFSET)).fn == nullptr) return "an unknown format";
     if (w->n < 0 || w->k <= 0 || w->k % 32 != 0) return "n or k (k must be a positive multiple of 32)";
+    if ((load_i32(w->data + LP_HEADER_FLAGS_OFFSET) & LP_FLAG_SUPER) && w->k % kSuper != 0)
+        return "k (super-block scales need a multiple of 256)";
     if (n_rows < 0) return "a negative row count";
     if (col_begin < 0 || col_begin > std::min(col_end, w->n)) return "a column range outside [0, n)";
     if (col_begin % kGroup != 0 || (col_end < w->n && col_end % kGroup != 0)) return "a column range off the groups";
@@ -532,7 +592,7 @@ void qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y,
     const int32_t flags = load_i32(w->data + LP_HEADER_FLAGS_OFFSET);
     const GroupKernel kern = group_kernel(w->format, flags);
     if (kern.fn == nullptr) return;
-    const size_t stride = group_bytes(w->format, flags, w->k);
+    const size_t stride = kern.group_bytes(w->k);
     const int nblk = w->k / (w->format == LP_W8 ? 16 : 32);
     const size_t row_bytes = acts_bytes(w->k);
     col_end = std::min(col_end, w->n);

@@ -9,6 +9,10 @@ Packed weights (written by lamplight/native/pack.py; one layout for every build)
   a 64-byte header (LP_HEADER_BYTES), then the columns in groups of LP_COL_GROUP = 16 (the last
   group padded with zero columns), each group a run of block records in k order:
     [quants][16 float32 scales][16 float32 mins, only with LP_FLAG_MIN]
+  or, with LP_FLAG_SUPER (the k-quants' own scales: k a multiple of 256), a run of super-blocks of
+  256 k: [16 float32 d][16 float32 dmin, with LP_FLAG_MIN][each block's 16 int8 scale factors]
+  [each block's 16 int8 min factors, with LP_FLAG_MIN][each block's quants]; a block's scale
+  is d * factor (exact in float32), so both layouts give the same bits.
   The quants of one record hold, for each quad of 4 consecutive k, a 64-byte chunk with the 16
   columns' 4 values each (byte 4*c + i = column c, k = 4*quad + i): a chunk against 4 activation
   bytes broadcast gives the 16 columns' partial sums in 16 int32 lanes (vpdpbusd / maddubs).
@@ -16,7 +20,7 @@ Packed weights (written by lamplight/native/pack.py; one layout for every build)
            and quad t + 4 in its high nibbles. w = scale * (q - 8 * zero8) + min.
   LP_W8    block 16, int8 q; 256 bytes (4 chunks). w = scale * q (+ min).
   LP_W8_32 block 32, int8 q; 512 bytes (8 chunks). w = scale * q (+ min).
-The header's int32 at LP_HEADER_FLAGS_OFFSET holds the flags (LP_FLAG_MIN, LP_FLAG_ZERO8). */
+The header's int32 at LP_HEADER_FLAGS_OFFSET holds the flags (LP_FLAG_MIN, LP_FLAG_ZERO8, LP_FLAG_SUPER). */
 #ifndef LAMPLIGHT_QMATMUL_H
 #define LAMPLIGHT_QMATMUL_H
 
@@ -30,7 +34,7 @@ extern "C" {
 #endif
 
 enum { LP_W4 = 1, LP_W8 = 2, LP_W8_32 = 3 };
-enum { LP_FLAG_MIN = 1, LP_FLAG_ZERO8 = 2 };
+enum { LP_FLAG_MIN = 1, LP_FLAG_ZERO8 = 2, LP_FLAG_SUPER = 4 };
 enum { LP_HEADER_BYTES = 64, LP_HEADER_FLAGS_OFFSET = 16, LP_COL_GROUP = 16 };
 
 typedef struct lp_qweight {
