@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType as Q
 from lamplight.gguf.file import GGUFFile, TensorInfo
 from lamplight.gguf.quant import dequantize
 from lamplight.native import build
-from lamplight.native.pack import (FLAG_SUPER, FLAGS_OFFSET, FORMAT_OF, SUPPORTED, W4, W8, W8_32, can_pack,
+from lamplight.native.pack import (FLAG_SUPER, FLAGS_OFFSET, FORMAT_OF, SUPPORTED, W4, W6, W8, W8_32, can_pack,
                                    dequantize_packed, pack, pack_rows)
 
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C++ compiler")
@@ -118,9 +118,15 @@ def test_k_quants_keep_their_own_scales_and_compute_the_same_bits(kernels, qtype
                                k.matmul(floats, x[:rows]).view(torch.int32)), (variant, rows)
 
 
-def test_q4_k_packs_at_its_own_size():
-    info = random_info(Q.Q4_K, 64, 2048)
-    assert pack(info).data.nbytes * 8 / (64 * 2048) < 4.8 < pack(info, super_scales=False).data.nbytes * 8 / (64 * 2048)
+@pytest.mark.parametrize("qtype, most_bits, gguf_bits", [(Q.Q4_K, 4.76, 4.5), (Q.Q6_K, 6.64, 6.5625)],
+                         ids=lambda v: getattr(v, "name", str(v)))
+def test_k_quants_pack_near_their_own_size(qtype, most_bits, gguf_bits):
+    """Bits a weight the kernels read: Q4_K 4.75 (gguf 4.5), Q6_K as LP_W6 6.625 (gguf 6.5625);
+    with float32 scales 6 and 8."""
+    info = random_info(qtype, 64, 2048)
+    bits_per_weight = [p.data.nbytes * 8 / (64 * 2048) for p in (pack(info), pack(info, super_scales=False))]
+    assert gguf_bits < bits_per_weight[0] < most_bits < bits_per_weight[1]
+    assert pack(info).format == FORMAT_OF[qtype] == (W4 if qtype == Q.Q4_K else W6)
 
 
 def test_pack_rows_keeps_super_scales_only_when_every_part_has_them():
@@ -151,7 +157,7 @@ def test_builds_report_their_isa(kernels):
     for variant, k in kernels.items():
         assert k.isa == variant
         assert k.row_bytes(576) % 64 == 0
-        assert all(k.col_align(fmt) == 16 for fmt in (W4, W8, W8_32))
+        assert all(k.col_align(fmt) == 16 for fmt in (W4, W8, W8_32, W6))
 
 
 def test_activation_quantization_definition(kernels):

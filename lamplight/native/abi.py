@@ -148,7 +148,7 @@ def constants() -> dict[str, int]:
         "LP_MAX_PARTS": MAX_PARTS, "LP_MAX_EXPERTS": MAX_EXPERTS, "LP_MAX_EXPERTS_USED": MAX_EXPERTS_USED,
         "LP_MAX_LORA_RANK": MAX_LORA_RANK, "LP_MAX_EMBD": MAX_EMBD, "LP_MAX_HEAD_DIM": MAX_HEAD_DIM,
         "LP_PROFILE_PHASES": len(PROFILE_PHASES),
-        "LP_W4": pack.W4, "LP_W8": pack.W8, "LP_W8_32": pack.W8_32,
+        "LP_W4": pack.W4, "LP_W8": pack.W8, "LP_W8_32": pack.W8_32, "LP_W6": pack.W6,
         "LP_FLAG_MIN": pack.FLAG_MIN, "LP_FLAG_ZERO8": pack.FLAG_ZERO8, "LP_FLAG_SUPER": pack.FLAG_SUPER,
         "LP_HEADER_BYTES": pack.HEADER_BYTES, "LP_HEADER_FLAGS_OFFSET": pack.FLAGS_OFFSET, "LP_COL_GROUP": pack.GROUP,
         **{name: value for name, value in globals().items() if name == "LP_OK" or name.startswith("LP_ERR_")},

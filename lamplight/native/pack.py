@@ -5,12 +5,13 @@ mins): w = scale * q (+ min), with the very float32 operations gguf's dequantiza
 `dequantize_packed(pack(info))` equals `lamplight.gguf.quant.dequantize(info)` bit for bit.
   LP_W4    (block 32, q 0..15):     Q4_0 (ZERO8: w = d (q - 8)), Q4_1 (d, m), Q4_K (d sc_j, -dmin m_j)
   LP_W8_32 (block 32, int8 q):      Q8_0, Q5_0 (q - 16), Q5_1 (d, m), Q5_K (d sc_j, -dmin m_j)
-  LP_W8    (block 16, int8 q):      Q6_K (d sc_j, q - 32), Q3_K, Q2_K (d sc_j, -dmin m_j)
+  LP_W8    (block 16, int8 q):      Q3_K, Q2_K (d sc_j, -dmin m_j); Q6_K beside other 8-bit weights
+  LP_W6    (block 16, q 0..63):     Q6_K (d sc_j, q - 32)
 Products such as d * sc_j are computed here in float32, as gguf computes them, and stored; or,
 for the k-quants (FLAG_SUPER), kept as gguf has them: a float32 d per 256 k and an int8 factor
 per block, multiplied by the kernel. That product is exact (an fp16 times an integer of at most 8
 bits), so both layouts give the same scales, and the super one reads 4.75 bits a Q4_K weight
-instead of 6 (8.6 a Q6_K one instead of 10).
+instead of 6 (6.6 a Q6_K one instead of 8 as LP_W6 with float scales, 10 as LP_W8).
 
 The layout (one for every instruction set): a 64-byte header (its int32 at offset 16 holds the
 flags), then the columns in groups of 16 (zero columns pad the last one). Without FLAG_SUPER a
@@ -18,11 +19,14 @@ group is a run of block records [quants][16 scales][16 mins if FLAG_MIN]; with i
 super-blocks of 256 k, each [16 d][16 dmin if FLAG_MIN][the blocks' 16 int8 scale factors each]
 [their 16 min factors each, if FLAG_MIN] then the blocks' quants. The quants are 64-byte chunks,
 one per quad of 4 consecutive k, with byte 4 c + i = column c, k = 4 quad + i. In LP_W4 chunk t
-holds quad t in its low nibbles and quad t + 4 in its high ones.
+holds quad t in its low nibbles and quad t + 4 in its high ones. LP_W6 stores q + 32 in three
+chunks: chunk 0 holds the low 4 bits of quads 0 (low nibbles) and 2 (high), chunk 1 those of
+quads 1 and 3, chunk 2 the high 2 bits of quad j at bits 2 j.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,17 +36,17 @@ from gguf.quants import Q4_K
 
 from ..gguf.file import TensorInfo
 
-W4, W8, W8_32 = 1, 2, 3
+W4, W8, W8_32, W6 = 1, 2, 3, 4
 FLAG_MIN, FLAG_ZERO8, FLAG_SUPER = 1, 2, 4
 HEADER_BYTES, FLAGS_OFFSET, GROUP, ALIGN = 64, 16, 16, 64
 SUPER = 256  # k per super-block (FLAG_SUPER)
-BLOCK = {W4: 32, W8: 16, W8_32: 32}
-QUANT_BYTES = {W4: 256, W8: 256, W8_32: 512}
+BLOCK = {W4: 32, W8: 16, W8_32: 32, W6: 16}
+QUANT_BYTES = {W4: 256, W8: 256, W8_32: 512, W6: 192}
 
 FORMAT_OF = {
     Q.Q4_0: W4, Q.Q4_1: W4, Q.Q4_K: W4,
     Q.Q8_0: W8_32, Q.Q5_0: W8_32, Q.Q5_1: W8_32, Q.Q5_K: W8_32,
-    Q.Q6_K: W8, Q.Q3_K: W8, Q.Q2_K: W8,
+    Q.Q6_K: W6, Q.Q3_K: W8, Q.Q2_K: W8,
     Q.MXFP4: W8_32,
 }
 SUPPORTED = frozenset(FORMAT_OF)
@@ -94,7 +98,8 @@ def pack_rows(infos: list[TensorInfo], super_scales: bool = True) -> PackedWeigh
     """Several weights with the same k concatenated along n (fused Q/K/V, gate/up).
 
     W8_32 parts join W8 ones as pairs of 16-blocks; a Q4_0 part joins W4 ones with mins as
-    its min = -8 d (exact up to the sign of a zero weight). W4 and W8 parts cannot share.
+    its min = -8 d (exact up to the sign of a zero weight); W6 parts beside other 8-bit ones are
+    W8 (their q - 32 as int8). W4 and 8-bit parts cannot share.
     """
     parts = [_split(info) for info in infos]
     if len({p.q.shape[1] for p in parts}) != 1:
@@ -102,6 +107,9 @@ def pack_rows(infos: list[TensorInfo], super_scales: bool = True) -> PackedWeigh
     formats = {p.format for p in parts}
     if W4 in formats and len(formats) > 1:
         raise ValueError(f"4-bit and 8-bit weights cannot share a packed format: {[i.qtype.name for i in infos]}")
+    if W6 in formats and len(formats) > 1:
+        parts = [dataclasses.replace(p, format=W8) if p.format == W6 else p for p in parts]
+        formats = {p.format for p in parts}
     if formats == {W8, W8_32}:
         parts = [_as_16_blocks(p) if p.format == W8_32 else p for p in parts]
     if any(p.min is not None for p in parts):
@@ -328,6 +336,13 @@ def _join(factors: list[_Factors]) -> _Factors:
 def _chunks(q: np.ndarray, fmt: int) -> np.ndarray:
     """q [groups * 16, k] -> quant bytes [groups, k / block, quant bytes] (see the module docstring)."""
     groups, k, block = q.shape[0] // GROUP, q.shape[1], BLOCK[fmt]
+    if fmt == W6:
+        u = (q.astype(np.int16) + 32).astype(np.uint8).reshape(groups, GROUP, k // 16, 4, 4)  # [g, c, b, quad, i]
+        low, high = u & 0x0F, u >> 4
+        chunks = [low[:, :, :, 0] | (low[:, :, :, 2] << 4), low[:, :, :, 1] | (low[:, :, :, 3] << 4),
+                  high[:, :, :, 0] | (high[:, :, :, 1] << 2) | (high[:, :, :, 2] << 4) | (high[:, :, :, 3] << 6)]
+        # each [g, c, b, i] -> [g, b, c, i]: 64 bytes per chunk
+        return np.concatenate([c.transpose(0, 2, 1, 3).reshape(groups, k // 16, 64) for c in chunks], axis=-1)
     if fmt == W4:
         # [g, c, b, half, quad, i]: byte = (half 0) | (half 1) << 4, laid out [g, b, quad, c, i].
         q6 = q.reshape(groups, GROUP, k // 32, 2, 4, 4)
@@ -340,6 +355,11 @@ def _chunks(q: np.ndarray, fmt: int) -> np.ndarray:
 def _unchunk(quants: np.ndarray, fmt: int) -> np.ndarray:
     """The inverse of _chunks: [groups, k / block, quant bytes] -> q [groups * 16, k] (int)."""
     groups, nblk = quants.shape[:2]
+    if fmt == W6:
+        c = quants.reshape(groups, nblk, 3, GROUP, 4).transpose(0, 3, 1, 2, 4).astype(np.int16)  # [g, c, b, chunk, i]
+        low = [c[:, :, :, 0] & 0x0F, c[:, :, :, 1] & 0x0F, c[:, :, :, 0] >> 4, c[:, :, :, 1] >> 4]
+        u = np.stack([low[j] | (((c[:, :, :, 2] >> (2 * j)) & 0x03) << 4) for j in range(4)], axis=3)  # [g, c, b, quad, i]
+        return (u - 32).reshape(groups * GROUP, nblk * 16)
     if fmt == W4:
         packed = quants.reshape(groups, nblk, 4, GROUP, 4).transpose(0, 3, 1, 2, 4)  # [g, c, b, quad, i]
         q = np.stack([packed & 0x0F, packed >> 4], axis=3)  # [g, c, b, half, quad, i]

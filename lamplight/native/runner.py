@@ -192,7 +192,7 @@ class NativeRunner(ModelRunner):
 
     @staticmethod
     def _kind(part: abi.LinearPart) -> str:
-        return {0: "f32", 1: "w4", 2: "w8", 3: "w8_32"}.get(part.w.format, f"format{part.w.format}")
+        return {0: "f32", 1: "w4", 2: "w8", 3: "w8_32", 4: "w6"}.get(part.w.format, f"format{part.w.format}")
 
     def _describe_config(self) -> abi.Config:
         spec, cfg, opts = self.spec, self.spec.config, self.spec.options

@@ -823,7 +823,8 @@ int32_t check_linear(const LpLinear& lin, const char* name, int64_t k, int64_t n
         const LpLinearPart& part = lin.parts[p];
         bool packed = part.dense == nullptr;
         if (part.w.k != k || part.w.n < 0 || (packed && (!part.w.data || k % 32 != 0)) ||
-            (packed && part.w.format != LP_W4 && part.w.format != LP_W8 && part.w.format != LP_W8_32))
+            (packed && part.w.format != LP_W4 && part.w.format != LP_W8 && part.w.format != LP_W8_32 &&
+             part.w.format != LP_W6))
             return lp::fail(LP_ERR_MODEL, "%s: part %d (format %d, %d x %d, %s) does not take %lld inputs", name, p,
                             part.w.format, part.w.n, part.w.k, packed ? "packed" : "dense", (long long)k);
         sum += part.w.n;

@@ -40,6 +40,7 @@ constexpr int kGroup = LP_COL_GROUP;
 //   s   float[nb]   d * (float)sum(q of the block)      (min term of 32-blocks)
 //   s16 float[2nb]  d * (float)sum(q of each half)      (min term of 16-blocks)
 //   sum int32[nb]   sum(q of the block)                 (LP_FLAG_ZERO8's -8 * sum)
+//   sum16 int32[2nb] sum(q of each half)                (LP_W6's -32 * sum)
 struct ActsRow {
     const int8_t* q;
     const uint8_t* qu;
@@ -47,17 +48,18 @@ struct ActsRow {
     const float* s;
     const float* s16;
     const int32_t* sum;
+    const int32_t* sum16;
 };
 
-size_t acts_used_bytes(int k) { return 2 * size_t(k) + size_t(k / kActBlock) * 4 * (1 + 1 + 2 + 1); }
+size_t acts_used_bytes(int k) { return 2 * size_t(k) + size_t(k / kActBlock) * 4 * (1 + 1 + 2 + 1 + 2); }
 
 size_t acts_bytes(int k) { return (acts_used_bytes(k) + 63) / 64 * 64; }
 
 ActsRow acts_row(const uint8_t* base, int k) {
     const int nb = k / kActBlock;
     const float* d = reinterpret_cast<const float*>(base + 2 * size_t(k));
-    return {reinterpret_cast<const int8_t*>(base), base + k, d, d + nb, d + 2 * nb,
-            reinterpret_cast<const int32_t*>(d + 4 * nb)};
+    const int32_t* sum = reinterpret_cast<const int32_t*>(d + 4 * nb);
+    return {reinterpret_cast<const int8_t*>(base), base + k, d, d + nb, d + 2 * nb, sum, sum + nb};
 }
 
 // Blocks whose amax is below this are stored as zeros: 127 / amax would overflow, and values
@@ -158,6 +160,7 @@ void quantize_row(const float* x, int k, uint8_t* out) {
     float* s = d + nb;
     float* s16 = d + 2 * nb;
     int32_t* sum = reinterpret_cast<int32_t*>(d + 4 * nb);
+    int32_t* sum16 = sum + nb;
     for (int b = 0; b < nb; ++b) {
         const float* xb = x + b * kActBlock;
         int8_t* qb = q + b * kActBlock;
@@ -174,6 +177,8 @@ void quantize_row(const float* x, int k, uint8_t* out) {
             std::memset(qub, 128, kActBlock);
         }
         sum[b] = half[0] + half[1];
+        sum16[2 * b] = half[0];
+        sum16[2 * b + 1] = half[1];
         s[b] = d[b] * float(sum[b]);
         s16[2 * b] = d[b] * float(half[0]);
         s16[2 * b + 1] = d[b] * float(half[1]);
@@ -186,6 +191,7 @@ template <int FMT> struct Fmt;
 template <> struct Fmt<LP_W4> { static constexpr int block = 32, qbytes = 256; };
 template <> struct Fmt<LP_W8> { static constexpr int block = 16, qbytes = 256; };
 template <> struct Fmt<LP_W8_32> { static constexpr int block = 32, qbytes = 512; };
+template <> struct Fmt<LP_W6> { static constexpr int block = 16, qbytes = 192; };
 
 template <int FMT, bool MIN> constexpr int record_bytes() { return Fmt<FMT>::qbytes + 64 + (MIN ? 64 : 0); }
 
@@ -263,6 +269,22 @@ inline void block_sums(const uint8_t* rec, const ActsRow* a, int kb, int b, __m5
         }
         if constexpr (C == 2)
             for (int r = 0; r < R; ++r) isum[r] = _mm512_add_epi32(isum[r], hi_sum[r]);
+    } else if constexpr (FMT == LP_W6) {
+        // Unsigned q + 32 (0..63) against signed activations, less 32 times their sum.
+        const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x03);
+        const __m512i w0 = _mm512_load_si512(rec), w1 = _mm512_load_si512(rec + 64), wh = _mm512_load_si512(rec + 128);
+        const __m512i u[4] = {
+            _mm512_or_si512(_mm512_and_si512(w0, m4), _mm512_slli_epi16(_mm512_and_si512(wh, m2), 4)),
+            _mm512_or_si512(_mm512_and_si512(w1, m4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(wh, 2), m2), 4)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w0, 4), m4),
+                            _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(wh, 4), m2), 4)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w1, 4), m4),
+                            _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(wh, 6), m2), 4))};
+        for (int r = 0; r < R; ++r) {
+            isum[r] = _mm512_set1_epi32(-32 * a[r].sum16[b]);
+            for (int t = 0; t < 4; ++t)
+                isum[r] = _mm512_dpbusd_epi32(isum[r], u[t], _mm512_set1_epi32(load_i32(a[r].q + kb + 4 * t)));
+        }
     } else {
         // Signed weights: (x + 128) . w - 128 * sum(w), with the correction shared by the rows.
         const __m512i bias = _mm512_set1_epi8(char(0x80));
@@ -401,6 +423,27 @@ inline void block_sums(const uint8_t* rec, const __m256i* u, int h, const ActsRo
             isum[r] = _mm256_madd_epi16(s16[r], ones);
             if (ZERO8) isum[r] = _mm256_add_epi32(isum[r], _mm256_set1_epi32(-8 * a[r].sum[b]));
         }
+    } else if constexpr (FMT == LP_W6) {
+        // Unsigned q + 32 (0..63) against signed activations, less 32 times their sum; a
+        // maddubs pair is at most 2 * 63 * 127, so each quad is widened on its own.
+        const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+        const auto at = [&](int t) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(rec + 64 * t + 32 * h)); };
+        const __m256i w0 = at(0), w1 = at(1), wh = at(2);
+        const __m256i u[4] = {
+            _mm256_or_si256(_mm256_and_si256(w0, m4), _mm256_slli_epi16(_mm256_and_si256(wh, m2), 4)),
+            _mm256_or_si256(_mm256_and_si256(w1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(wh, 2), m2), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w0, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(wh, 4), m2), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w1, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(wh, 6), m2), 4))};
+        for (int r = 0; r < R; ++r) {
+            isum[r] = _mm256_set1_epi32(-32 * a[r].sum16[b]);
+            for (int t = 0; t < 4; ++t) {
+                const __m256i x = _mm256_set1_epi32(load_i32(a[r].q + kb + 4 * t));
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u[t], x), ones));
+                LP_PIN(isum[r]);
+            }
+        }
     } else {
         // Signed x signed as maddubs(|w|, x * sign(w)): |w| <= 128 and |x| <= 127, so a pair
         // is at most 32512 and never saturates (even for w = -128).
@@ -459,7 +502,12 @@ constexpr size_t kRowBlockBytes = 256 * 1024;
 
 // The weight q of column c at offset j < block inside a record.
 template <int FMT> inline int weight_q(const uint8_t* rec, int c, int j) {
-    if constexpr (FMT == LP_W4) {
+    if constexpr (FMT == LP_W6) {
+        const int quad = j / 4, i = j % 4;
+        const int low = (rec[64 * (quad % 2) + 4 * c + i] >> (4 * (quad / 2))) & 0x0F;
+        const int high = (rec[128 + 4 * c + i] >> (2 * quad)) & 0x03;
+        return (low | high << 4) - 32;
+    } else if constexpr (FMT == LP_W4) {
         const int quad = j / 4 % 4, i = j % 4;
         const uint8_t byte = rec[64 * quad + 4 * c + i];
         return j < 16 ? byte & 0x0F : byte >> 4;
@@ -536,16 +584,18 @@ GroupKernel kernel_of(bool min, bool sup) {
     return min ? kernel<FMT, true>() : kernel<FMT, false>();
 }
 
-// LP_FLAG_ZERO8 comes from Q4_0 alone and LP_FLAG_SUPER from the k-quants: never together.
+// LP_FLAG_ZERO8 comes from Q4_0 alone, LP_FLAG_SUPER from the k-quants and LP_W6 from Q6_K
+// (without mins): no other combination is packed.
 GroupKernel group_kernel(int format, int32_t flags) {
     const bool min = flags & LP_FLAG_MIN, zero8 = flags & LP_FLAG_ZERO8, sup = flags & LP_FLAG_SUPER;
-    if (zero8 && (sup || format != LP_W4)) return {nullptr, nullptr, nullptr};
+    if ((zero8 && (sup || format != LP_W4)) || (min && format == LP_W6)) return {nullptr, nullptr, nullptr};
     switch (format) {
         case LP_W4:
             if (zero8) return min ? kernel<LP_W4, true, true>() : kernel<LP_W4, false, true>();
             return kernel_of<LP_W4>(min, sup);
         case LP_W8: return kernel_of<LP_W8>(min, sup);
         case LP_W8_32: return kernel_of<LP_W8_32>(min, sup);
+        case LP_W6: return sup ? kernel<LP_W6, false, false, true>() : kernel<LP_W6, false>();
         default: return {nullptr, nullptr, nullptr};
     }
 }
@@ -593,7 +643,7 @@ void qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y,
     const GroupKernel kern = group_kernel(w->format, flags);
     if (kern.fn == nullptr) return;
     const size_t stride = kern.group_bytes(w->k);
-    const int nblk = w->k / (w->format == LP_W8 ? 16 : 32);
+    const int nblk = w->k / (w->format == LP_W8 || w->format == LP_W6 ? 16 : 32);
     const size_t row_bytes = acts_bytes(w->k);
     col_end = std::min(col_end, w->n);
     // Row blocks outer, then columns, then row tiles: a group's weights stay in L1 while the

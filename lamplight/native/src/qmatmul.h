@@ -20,6 +20,9 @@ Packed weights (written by lamplight/native/pack.py; one layout for every build)
            and quad t + 4 in its high nibbles. w = scale * (q - 8 * zero8) + min.
   LP_W8    block 16, int8 q; 256 bytes (4 chunks). w = scale * q (+ min).
   LP_W8_32 block 32, int8 q; 512 bytes (8 chunks). w = scale * q (+ min).
+  LP_W6    block 16, q + 32 in 0..63 in 192 bytes: chunk 0 holds the low 4 bits of quads 0 (low
+           nibbles) and 2 (high), chunk 1 those of quads 1 and 3, chunk 2 the high 2 bits of quad
+           j at bits 2j. w = scale * q (no mins).
 The header's int32 at LP_HEADER_FLAGS_OFFSET holds the flags (LP_FLAG_MIN, LP_FLAG_ZERO8, LP_FLAG_SUPER). */
 #ifndef LAMPLIGHT_QMATMUL_H
 #define LAMPLIGHT_QMATMUL_H
@@ -33,12 +36,12 @@ The header's int32 at LP_HEADER_FLAGS_OFFSET holds the flags (LP_FLAG_MIN, LP_FL
 extern "C" {
 #endif
 
-enum { LP_W4 = 1, LP_W8 = 2, LP_W8_32 = 3 };
+enum { LP_W4 = 1, LP_W8 = 2, LP_W8_32 = 3, LP_W6 = 4 };
 enum { LP_FLAG_MIN = 1, LP_FLAG_ZERO8 = 2, LP_FLAG_SUPER = 4 };
 enum { LP_HEADER_BYTES = 64, LP_HEADER_FLAGS_OFFSET = 16, LP_COL_GROUP = 16 };
 
 typedef struct lp_qweight {
-    int32_t format;  /* LP_W4, LP_W8 or LP_W8_32 */
+    int32_t format;  /* LP_W4, LP_W8, LP_W8_32 or LP_W6 */
     int32_t n;       /* output features (columns of y) */
     int32_t k;       /* input features, a multiple of 32 */
     int32_t reserved;
