@@ -27,6 +27,10 @@
 #include <immintrin.h>
 #endif
 
+#ifndef LP_PREFETCH_BYTES
+#define LP_PREFETCH_BYTES 2048
+#endif
+
 namespace {
 
 constexpr int kActBlock = 32;
@@ -231,6 +235,15 @@ inline int32_t load_i32(const void* p) {
     return v;
 }
 
+// A group's weights are one sequential stream, and so are a column chunk's groups; the hardware
+// prefetchers stop at each 4 KiB page, so the tiles ask for the lines kPrefetchBytes ahead of
+// the block they read (a prefetch never faults, past the end of the weights included).
+constexpr int kPrefetchBytes = LP_PREFETCH_BYTES;
+template <int FMT> inline void prefetch_ahead(const uint8_t* rec) {
+    if constexpr (kPrefetchBytes > 0)
+        for (int line = 0; line < Fmt<FMT>::qbytes; line += 64) __builtin_prefetch(rec + kPrefetchBytes + line, 0, 3);
+}
+
 // -- tiles: R rows x one group of 16 columns, the whole of k ----------------------------------
 // tile<FMT, MIN, ZERO8, R>(grp, nblk, a, dst) writes dst[r][0..16) for r < R.
 
@@ -321,7 +334,9 @@ void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst, con
     for (int b = 0; b < nblk; ++b) {
         const int kb = b * block;
         __m512i isum[R];
-        block_sums<FMT, ZERO8, R>(Blocks<FMT, MIN, SUP>::quants(grp, b), a, kb, b, isum);
+        const uint8_t* rec = Blocks<FMT, MIN, SUP>::quants(grp, b);
+        if constexpr (R > 1) prefetch_ahead<FMT>(rec);
+        block_sums<FMT, ZERO8, R>(rec, a, kb, b, isum);
         const __m512 scale = scales16<FMT, MIN, SUP>(grp, b, 0);
         for (int r = 0; r < R; ++r) {
             const __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(a[r].d[kb / kActBlock]));
@@ -364,6 +379,7 @@ const __m256i* unpack_w4(const uint8_t* grp, int nblk) {
     for (int b = 0; b < nblk; ++b)
         for (int h = 0; h < 2; ++h) {
             const uint8_t* rec = Blocks<LP_W4, MIN, SUP>::quants(grp, b);
+            if (h == 0) prefetch_ahead<LP_W4>(rec);
             __m256i* u = buf + (size_t(h) * nblk + b) * 8;
             for (int t = 0; t < 4; ++t) {
                 const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(rec + 64 * t + 32 * h));
@@ -470,8 +486,9 @@ void half_tile(const uint8_t* grp, const __m256i* u, int h, int nblk, const Acts
     for (int b = 0; b < nblk; ++b) {
         const int kb = b * block;
         __m256i isum[R];
-        block_sums<FMT, ZERO8, R>(Blocks<FMT, MIN, SUP>::quants(grp, b), UNPACKED ? u + 8 * b : nullptr, h, a, kb, b,
-                                  isum);
+        const uint8_t* rec = Blocks<FMT, MIN, SUP>::quants(grp, b);
+        if (R > 1 && h == 0 && !UNPACKED) prefetch_ahead<FMT>(rec);
+        block_sums<FMT, ZERO8, R>(rec, UNPACKED ? u + 8 * b : nullptr, h, a, kb, b, isum);
         const __m256 scale = scales8<FMT, MIN, SUP>(grp, b, 0, h);
         for (int r = 0; r < R; ++r) {
             const __m256 sd = _mm256_mul_ps(scale, _mm256_set1_ps(a[r].d[kb / kActBlock]));
