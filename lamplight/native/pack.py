@@ -10,14 +10,14 @@ mins): w = scale * q (+ min), with the very float32 operations gguf's dequantiza
 Products such as d * sc_j are computed here in float32, as gguf computes them, and stored; or,
 for the k-quants (FLAG_SUPER), kept as gguf has them: a float32 d per 256 k and an int8 factor
 per block, multiplied by the kernel. That product is exact (an fp16 times an integer of at most 8
-bits), so both layouts give the same scales, and the super one reads 4.75 bits a Q4_K weight
+bits), so both layouts give the same scales, and the super one reads 4.625 bits a Q4_K weight
 instead of 6 (6.6 a Q6_K one instead of 8 as LP_W6 with float scales, 10 as LP_W8).
 
 The layout (one for every instruction set): a 64-byte header (its int32 at offset 16 holds the
 flags), then the columns in groups of 16 (zero columns pad the last one). Without FLAG_SUPER a
 group is a run of block records [quants][16 scales][16 mins if FLAG_MIN]; with it, a run of
-super-blocks of 256 k, each [16 d][16 dmin if FLAG_MIN][the blocks' 16 int8 scale factors each]
-[their 16 min factors each, if FLAG_MIN] then the blocks' quants. The quants are 64-byte chunks,
+super-blocks of 256 k, each [16 float32 d, or with FLAG_MIN 16 fp16 d and 16 fp16 dmin][the
+blocks' 16 int8 scale factors each][their 16 min factors each, if FLAG_MIN] then the blocks' quants. The quants are 64-byte chunks,
 one per quad of 4 consecutive k, with byte 4 c + i = column c, k = 4 quad + i. In LP_W4 chunk t
 holds quad t in its low nibbles and quad t + 4 in its high ones. LP_W6 stores q + 32 in three
 chunks: chunk 0 holds the low 4 bits of quads 0 (low nibbles) and 2 (high), chunk 1 those of
@@ -153,10 +153,15 @@ def _per_column(values: np.ndarray) -> np.ndarray:
 
 
 def _super_sizes(fmt: int, with_min: bool) -> tuple[int, int, int]:
-    """(blocks per super-block, its header bytes, its bytes) for FLAG_SUPER."""
+    """(blocks per super-block, its header bytes, its bytes) for FLAG_SUPER: one 64-byte line of
+    d (16 float32, or with mins 16 fp16 d and 16 fp16 dmin), then the factors."""
     per_super = SUPER // BLOCK[fmt]
-    header = (64 + GROUP * per_super) * (2 if with_min else 1)
+    header = 64 + GROUP * per_super * (2 if with_min else 1)
     return per_super, header, header + per_super * QUANT_BYTES[fmt]
+
+
+def _d_dtype(with_min: bool) -> type:
+    return np.float16 if with_min else np.float32
 
 
 def _read_super(p: PackedWeight, flags: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -166,11 +171,12 @@ def _read_super(p: PackedWeight, flags: int) -> tuple[np.ndarray, np.ndarray, np
     groups, supers = -(-p.n // GROUP), p.k // SUPER
     body = p.data[HEADER_BYTES:HEADER_BYTES + groups * supers * size].reshape(groups, supers, size)
     quants = body[..., header:].reshape(groups, supers * per_super, QUANT_BYTES[p.format])
-    factor_start = 64 * (2 if with_min else 1)
+    d_dtype = _d_dtype(with_min)
+    d_bytes = GROUP * np.dtype(d_dtype).itemsize
 
     def values(which: int) -> np.ndarray:
-        d = np.ascontiguousarray(body[..., 64 * which:64 * which + 64]).view(np.float32)  # [g, s, 16]
-        start = factor_start + GROUP * per_super * which
+        d = np.ascontiguousarray(body[..., d_bytes * which:d_bytes * (which + 1)]).view(d_dtype).astype(np.float32)
+        start = 64 + GROUP * per_super * which
         factor = body[..., start:start + GROUP * per_super].view(np.int8).reshape(groups, supers, per_super, GROUP)
         product = d[:, :, None, :] * factor.astype(np.float32)
         return _per_column(product.reshape(groups, supers * per_super, GROUP))
@@ -379,7 +385,7 @@ def _build(p: _Parts, super_scales: bool = True) -> PackedWeight:
     n, k = p.q.shape
     if k % 32:
         raise ValueError(f"the native kernels need k to be a multiple of 32, not {k}")
-    if super_scales and p.factors is not None and k % SUPER == 0:
+    if super_scales and p.factors is not None and k % SUPER == 0 and _d_fits(p):
         return _build_super(p)
     block, qbytes = BLOCK[p.format], QUANT_BYTES[p.format]
     pad = -n % GROUP
@@ -403,6 +409,13 @@ def _build(p: _Parts, super_scales: bool = True) -> PackedWeight:
     return PackedWeight(p.format, n, k, data)
 
 
+def _d_fits(p: _Parts) -> bool:
+    """With mins the super layout keeps d and dmin as fp16: gguf's k-quants store them so, exactly."""
+    if p.min is None:
+        return True
+    return all(np.array_equal(f.d.astype(np.float16).astype(np.float32), f.d) for f in p.factors)
+
+
 def _padded(values: np.ndarray, rows: int) -> np.ndarray:
     """values [n, ...] with zero rows up to `rows` (zero columns of the weight)."""
     return np.concatenate([values, np.zeros((rows - values.shape[0], *values.shape[1:]), values.dtype)])
@@ -422,11 +435,12 @@ def _build_super(p: _Parts) -> PackedWeight:
     body = data[HEADER_BYTES:].reshape(groups, supers, size)
     quants = _chunks(_padded(p.q, rows), p.format)  # [groups, blocks, quant bytes]
     body[..., header:] = quants.reshape(groups, supers, per_super * QUANT_BYTES[p.format])
-    factor_start = 64 * (2 if with_min else 1)
+    d_dtype = _d_dtype(with_min)
+    d_bytes = GROUP * np.dtype(d_dtype).itemsize
     for which, f in enumerate(p.factors[: 2 if with_min else 1]):
-        d = _padded(f.d.astype(np.float32), rows).reshape(groups, GROUP, supers).transpose(0, 2, 1)
-        body[..., 64 * which:64 * which + 64] = np.ascontiguousarray(d).view(np.uint8)
+        d = _padded(f.d.astype(d_dtype), rows).reshape(groups, GROUP, supers).transpose(0, 2, 1)
+        body[..., d_bytes * which:d_bytes * (which + 1)] = np.ascontiguousarray(d).view(np.uint8)
         factor = _padded(f.factor, rows).reshape(groups, GROUP, supers, per_super).transpose(0, 2, 3, 1)
-        start = factor_start + GROUP * per_super * which
+        start = 64 + GROUP * per_super * which
         body[..., start:start + GROUP * per_super] = np.ascontiguousarray(factor).reshape(groups, supers, -1).view(np.uint8)
     return PackedWeight(p.format, n, k, data)

@@ -12,8 +12,6 @@
 #endif
 
 namespace lp {
-namespace {
-
 
 float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
@@ -32,6 +30,10 @@ float half_to_float(uint16_t h) {
     std::memcpy(&f, &bits, 4);
     return f;
 }
+
+namespace {
+
+
 
 uint16_t float_to_half(float f) {  // round to nearest even, as torch's .to(float16)
     uint32_t x;

@@ -13,6 +13,8 @@
 // that row and that column, never on the row tiling or the column split.
 #include "qmatmul.h"
 
+#include "kv_rows.h"
+
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -201,24 +203,30 @@ template <int FMT, bool MIN> constexpr int record_bytes() { return Fmt<FMT>::qby
 
 // Where block b of a group keeps its quants and its 16 columns' scales (which = 0) or mins
 // (which = 1), in either layout (qmatmul.h): records, or super-blocks of kSuper k whose header
-// holds 16 float32 d (and dmin) and each block's 16 int8 factors.
+// holds the 16 columns' d (16 float32; with mins, 16 fp16 d then 16 fp16 dmin) and each block's
+// 16 int8 factors.
 constexpr int kSuper = 256;
 template <int FMT, bool MIN, bool SUP> struct Blocks {
     static constexpr int qbytes = Fmt<FMT>::qbytes, per_super = kSuper / Fmt<FMT>::block, kinds = MIN ? 2 : 1;
-    static constexpr size_t header = size_t(64 + 16 * per_super) * kinds, super_bytes = header + per_super * qbytes;
+    static constexpr bool half_d = SUP && MIN;  // fp16 d and dmin: 64 bytes, a whole line
+    static constexpr size_t header = 64 + size_t(16 * per_super) * kinds, super_bytes = header + per_super * qbytes;
 
     static const uint8_t* quants(const uint8_t* grp, int b) {
         if constexpr (SUP) return grp + size_t(b / per_super) * super_bytes + header + size_t(b % per_super) * qbytes;
         return grp + size_t(b) * record_bytes<FMT, MIN>();
     }
-    // Without SUP: the 16 float32 values. With it: the super-block's 16 float32 d.
+    // Without SUP: the 16 float32 values. With it: the super-block's 16 d (float32, or fp16 with
+    // half_d: this then points at uint16 values).
     static const float* floats(const uint8_t* grp, int b, int which) {
-        if constexpr (SUP) return reinterpret_cast<const float*>(grp + size_t(b / per_super) * super_bytes + 64 * which);
+        if constexpr (SUP) return reinterpret_cast<const float*>(grp + size_t(b / per_super) * super_bytes + 32 * which);
         return reinterpret_cast<const float*>(quants(grp, b) + qbytes + 64 * which);
+    }
+    static const uint16_t* halves(const uint8_t* grp, int b, int which) {
+        return reinterpret_cast<const uint16_t*>(floats(grp, b, which));
     }
     // With SUP: the block's 16 int8 factors.
     static const int8_t* factors(const uint8_t* grp, int b, int which) {
-        return reinterpret_cast<const int8_t*>(grp + size_t(b / per_super) * super_bytes + 64 * kinds +
+        return reinterpret_cast<const int8_t*>(grp + size_t(b / per_super) * super_bytes + 64 +
                                                16 * (per_super * which + b % per_super));
     }
     static size_t group_bytes(int k) {
@@ -320,7 +328,9 @@ const void* prepare(const uint8_t*, int) { return nullptr; }
 template <int FMT, bool MIN, bool SUP>
 inline __m512 scales16(const uint8_t* grp, int b, int which) {
     using L = Blocks<FMT, MIN, SUP>;
-    const __m512 values = _mm512_load_ps(L::floats(grp, b, which));
+    __m512 values;
+    if constexpr (L::half_d) values = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(L::halves(grp, b, which))));
+    else values = _mm512_load_ps(L::floats(grp, b, which));
     if constexpr (!SUP) return values;
     const __m128i f = _mm_load_si128(reinterpret_cast<const __m128i*>(L::factors(grp, b, which)));
     return _mm512_mul_ps(values, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(f)));
@@ -400,7 +410,9 @@ const void* prepare(const uint8_t* grp, int nblk) {
 template <int FMT, bool MIN, bool SUP>
 inline __m256 scales8(const uint8_t* grp, int b, int which, int h) {
     using L = Blocks<FMT, MIN, SUP>;
-    const __m256 values = _mm256_load_ps(L::floats(grp, b, which) + 8 * h);
+    __m256 values;
+    if constexpr (L::half_d) values = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(L::halves(grp, b, which) + 8 * h)));
+    else values = _mm256_load_ps(L::floats(grp, b, which) + 8 * h);
     if constexpr (!SUP) return values;
     const __m128i f = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(L::factors(grp, b, which) + 8 * h));
     return _mm256_mul_ps(values, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(f)));
@@ -540,7 +552,7 @@ const void* prepare(const uint8_t*, int) { return nullptr; }
 template <int FMT, bool MIN, bool SUP>
 inline float scale_of(const uint8_t* grp, int b, int which, int c) {
     using L = Blocks<FMT, MIN, SUP>;
-    const float value = L::floats(grp, b, which)[c];
+    const float value = L::half_d ? lp::half_to_float(L::halves(grp, b, which)[c]) : L::floats(grp, b, which)[c];
     if constexpr (!SUP) return value;
     return value * float(L::factors(grp, b, which)[c]);
 }

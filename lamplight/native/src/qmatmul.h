@@ -10,9 +10,10 @@ Packed weights (written by lamplight/native/pack.py; one layout for every build)
   group padded with zero columns), each group a run of block records in k order:
     [quants][16 float32 scales][16 float32 mins, only with LP_FLAG_MIN]
   or, with LP_FLAG_SUPER (the k-quants' own scales: k a multiple of 256), a run of super-blocks of
-  256 k: [16 float32 d][16 float32 dmin, with LP_FLAG_MIN][each block's 16 int8 scale factors]
-  [each block's 16 int8 min factors, with LP_FLAG_MIN][each block's quants]; a block's scale
-  is d * factor (exact in float32), so both layouts give the same bits.
+  256 k: [16 float32 d, or with LP_FLAG_MIN 16 fp16 d and 16 fp16 dmin: one 64-byte line][each
+  block's 16 int8 scale factors][each block's 16 int8 min factors, with LP_FLAG_MIN][each
+  block's quants]; a block's scale is d * factor (exact in float32), so both layouts give the
+  same bits.
   The quants of one record hold, for each quad of 4 consecutive k, a 64-byte chunk with the 16
   columns' 4 values each (byte 4*c + i = column c, k = 4*quad + i): a chunk against 4 activation
   bytes broadcast gives the 16 columns' partial sums in 16 int32 lanes (vpdpbusd / maddubs).
