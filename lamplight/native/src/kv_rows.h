@@ -7,8 +7,6 @@ namespace lp {
 
 constexpr int KV_QBLOCK = 32;  // values per block of a quantized type
 
-float half_to_float(uint16_t h);  // exact, subnormals and infinities included
-
 bool kv_quantized(int type);  // one of the block types (LP_KV_Q8_0 ... LP_KV_IQ4_NL)
 bool kv_type_known(int type);
 

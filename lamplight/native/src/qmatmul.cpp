@@ -13,7 +13,7 @@
 // that row and that column, never on the row tiling or the column split.
 #include "qmatmul.h"
 
-#include "kv_rows.h"
+#include "half.h"
 
 #include <algorithm>
 #include <cfloat>
@@ -253,7 +253,7 @@ template <int FMT> inline void prefetch_ahead(const uint8_t* rec) {
 }
 
 // -- tiles: R rows x one group of 16 columns, the whole of k ----------------------------------
-// tile<FMT, MIN, ZERO8, R>(grp, nblk, a, dst) writes dst[r][0..16) for r < R.
+// tile<FMT, MIN, ZERO8, SUP, R>(grp, nblk, a, dst) writes dst[r][0..16) for r < R.
 
 #if defined(LP_ISA_AVX512VNNI)
 
