@@ -17,11 +17,12 @@ The layout (one for every instruction set): a 64-byte header (its int32 at offse
 flags), then the columns in groups of 16 (zero columns pad the last one). Without FLAG_SUPER a
 group is a run of block records [quants][16 scales][16 mins if FLAG_MIN]; with it, a run of
 super-blocks of 256 k, each [16 float32 d, or with FLAG_MIN 16 fp16 d and 16 fp16 dmin][the
-blocks' 16 int8 scale factors each][their 16 min factors each, if FLAG_MIN] then the blocks' quants. The quants are 64-byte chunks,
-one per quad of 4 consecutive k, with byte 4 c + i = column c, k = 4 quad + i. In LP_W4 chunk t
-holds quad t in its low nibbles and quad t + 4 in its high ones. LP_W6 stores q + 32 in three
-chunks: chunk 0 holds the low 4 bits of quads 0 (low nibbles) and 2 (high), chunk 1 those of
-quads 1 and 3, chunk 2 the high 2 bits of quad j at bits 2 j.
+blocks' 16 int8 scale factors each][their 16 min factors each, if FLAG_MIN] then the blocks'
+quants. The quants are 64-byte chunks, one per quad of 4 consecutive k, with byte 4 c + i =
+column c, k = 4 quad + i. In LP_W4 chunk t holds quad t in its low nibbles and quad t + 4 in its
+high ones. LP_W6 stores q + 32 in three chunks: chunk 0 holds the low 4 bits of quads 0 (low
+nibbles) and 2 (high), chunk 1 those of quads 1 and 3, chunk 2 the high 2 bits of quad j at
+bits 2 j.
 """
 
 from __future__ import annotations
@@ -388,13 +389,10 @@ def _build(p: _Parts, super_scales: bool = True) -> PackedWeight:
     if super_scales and p.factors is not None and k % SUPER == 0 and _d_fits(p):
         return _build_super(p)
     block, qbytes = BLOCK[p.format], QUANT_BYTES[p.format]
-    pad = -n % GROUP
-    q, scale, mn = p.q, p.scale, p.min
-    if pad:  # zero columns: q = 0, scale = 0, min = 0
-        q = np.concatenate([q, np.zeros((pad, k), q.dtype)])
-        scale = np.concatenate([scale, np.zeros((pad, scale.shape[1]), np.float32)])
-        mn = None if mn is None else np.concatenate([mn, np.zeros((pad, mn.shape[1]), np.float32)])
-    groups, nblk = (n + pad) // GROUP, k // block
+    rows = n + -n % GROUP  # zero columns: q = 0, scale = 0, min = 0
+    q, scale = _padded(p.q, rows), _padded(p.scale, rows)
+    mn = None if p.min is None else _padded(p.min, rows)
+    groups, nblk = rows // GROUP, k // block
     rec = qbytes + 64 * (1 if mn is None else 2)
     data = _aligned_empty(HEADER_BYTES + groups * nblk * rec)
     header = np.zeros(HEADER_BYTES // 4, np.int32)
@@ -417,7 +415,10 @@ def _d_fits(p: _Parts) -> bool:
 
 
 def _padded(values: np.ndarray, rows: int) -> np.ndarray:
-    """values [n, ...] with zero rows up to `rows` (zero columns of the weight)."""
+    """values [n, ...] with zero rows up to `rows` (zero columns of the weight); values itself
+    when there are none to add (no copy of a large q)."""
+    if rows == values.shape[0]:
+        return values
     return np.concatenate([values, np.zeros((rows - values.shape[0], *values.shape[1:]), values.dtype)])
 
 

@@ -211,23 +211,25 @@ template <int FMT, bool MIN, bool SUP> struct Blocks {
     static constexpr bool half_d = SUP && MIN;  // fp16 d and dmin: 64 bytes, a whole line
     static constexpr size_t header = 64 + size_t(16 * per_super) * kinds, super_bytes = header + per_super * qbytes;
 
+    // With SUP: the super-block holding block b.
+    static const uint8_t* super_of(const uint8_t* grp, int b) { return grp + size_t(b / per_super) * super_bytes; }
     static const uint8_t* quants(const uint8_t* grp, int b) {
-        if constexpr (SUP) return grp + size_t(b / per_super) * super_bytes + header + size_t(b % per_super) * qbytes;
+        if constexpr (SUP) return super_of(grp, b) + header + size_t(b % per_super) * qbytes;
         return grp + size_t(b) * record_bytes<FMT, MIN>();
     }
-    // Without SUP: the 16 float32 values. With it: the super-block's 16 d (float32, or fp16 with
-    // half_d: this then points at uint16 values).
+    // Without SUP: the 16 float32 scales (which = 0) or mins (1). With SUP and no mins: the
+    // super-block's 16 float32 d.
     static const float* floats(const uint8_t* grp, int b, int which) {
-        if constexpr (SUP) return reinterpret_cast<const float*>(grp + size_t(b / per_super) * super_bytes + 32 * which);
+        if constexpr (SUP) return reinterpret_cast<const float*>(super_of(grp, b));
         return reinterpret_cast<const float*>(quants(grp, b) + qbytes + 64 * which);
     }
+    // With half_d: the super-block's 16 fp16 d (which = 0) or dmin (1).
     static const uint16_t* halves(const uint8_t* grp, int b, int which) {
-        return reinterpret_cast<const uint16_t*>(floats(grp, b, which));
+        return reinterpret_cast<const uint16_t*>(super_of(grp, b) + 32 * which);
     }
-    // With SUP: the block's 16 int8 factors.
+    // With SUP: the block's 16 int8 factors of d (which = 0) or dmin (1).
     static const int8_t* factors(const uint8_t* grp, int b, int which) {
-        return reinterpret_cast<const int8_t*>(grp + size_t(b / per_super) * super_bytes + 64 +
-                                               16 * (per_super * which + b % per_super));
+        return reinterpret_cast<const int8_t*>(super_of(grp, b) + 64 + 16 * (per_super * which + b % per_super));
     }
     static size_t group_bytes(int k) {
         return SUP ? size_t(k / kSuper) * super_bytes : size_t(k / Fmt<FMT>::block) * record_bytes<FMT, MIN>();
