@@ -77,6 +77,7 @@ def _serve_one_model(args: argparse.Namespace) -> int:
 
     try:
         settings = server_settings(args)
+        options = engine_options(args)
     except FlagError as exc:
         _say(f"error: {exc}")
         return 2
@@ -94,7 +95,6 @@ def _serve_one_model(args: argparse.Namespace) -> int:
         if model is None:
             return 1
         args.model = str(model)
-    options = engine_options(args)
 
     def load():
         _info(f"loading model {args.model}")

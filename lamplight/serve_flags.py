@@ -32,8 +32,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
-from lamplight.speculative.config import (NGRAM_KINDS, NGRAM_SIZE_LIMIT, DraftModelSizes, NgramMapSizes,
-                                          NgramModSizes, parse_kinds)
+from lamplight.speculative.config import (DRAFT_MODEL_KIND, NGRAM_KINDS, NGRAM_SIZE_LIMIT, DraftModelSizes,
+                                          NgramMapSizes, NgramModSizes, parse_kinds)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 MAX_DEFAULT_CTX = 4096  # the context of an engine built without one (the library's EngineConfig)
@@ -122,6 +122,16 @@ def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
 
 
 _ngram_size, _ngram_count = int_in(1, NGRAM_SIZE_LIMIT), int_in(0, NGRAM_SIZE_LIMIT)
+
+
+@_checked
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"must be between 0 and 1, got {value:g}")
+    return value
+
+
 _min_hits, _non_negative = int_in(1), int_in(0)
 
 
@@ -396,7 +406,10 @@ _HARDWARE = "lamplight runs the whole model with torch on one device (the CPU, o
 _THREADS = "lamplight leaves thread placement and priority to the OS; -t sets its thread count"
 _NOT_YET = "not yet in lamplight"
 _VIDEO = "not yet: video input (images are supported: --mmproj)"
-_SPECULATIVE = "not yet: lamplight has no draft model (the n-gram kinds of --spec-type work)"
+_SPECULATIVE = "not yet in lamplight's speculative decoding (-md and the n-gram kinds of --spec-type work)"
+_DRAFT_THREADS = "the draft model runs on the model's own threads (-t), one step after another"
+_DRAFT_PLACEMENT = "not yet: the draft model's weights are read as the model's are, on the CPU"
+_DRAFT_GREEDY = "the draft model drafts greedily (its likeliest token; the model's own sampling decides every token kept)"
 _LOOKUP_CACHE = "not yet: the ngram-cache kind and its lookup files (the other n-gram kinds of --spec-type work)"
 _REMOVED = "the argument has been removed from llama-server"
 _SPEC_MAP, _SPEC_MOD, _SPEC_DRAFT = NgramMapSizes(), NgramModSizes(), DraftModelSizes()
@@ -778,10 +791,12 @@ FLAG_GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
              "4 tokens before its end)", 256, int, to="engine.checkpoint_interval",
              env="LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT", metavar="N"),
     )),
-    ("speculative decoding (the n-gram kinds: tokens verified as decode rows, so the output is the same)", (
+    ("speculative decoding (tokens drafted by n-gram lookups or a draft model, verified as decode rows: the output "
+     "is the same)", (
         Flag(("--spec-type",), "comma-separated kinds to draft with, tried in order: none, "
-             + ", ".join(NGRAM_KINDS) + " (draft models: not yet)", (), speculative_kinds, to="spec.kinds",
-             env="LLAMA_ARG_SPEC_TYPE", metavar="TYPES", shown_default="none"),
+             + ", ".join(NGRAM_KINDS) + f", {DRAFT_MODEL_KIND} (the draft model of -md; the default when -md is "
+             "given)", None, speculative_kinds, to="spec.kinds", env="LLAMA_ARG_SPEC_TYPE", metavar="TYPES",
+             shown_default="none"),
         Flag(("--spec-default",), f"the default speculative decoding: ngram-mod with n-match {_SPEC_MOD.n_match}, "
              f"n-min {_SPEC_MOD.n_min}, n-max {_SPEC_MOD.n_max}",
              False, action="store_true", to="spec.default"),
@@ -794,56 +809,59 @@ FLAG_GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
              to="spec.ngram_mod_n_min", metavar="N"),
         Flag(("--spec-ngram-mod-n-max",), "ngram-mod: most tokens drafted", _SPEC_MOD.n_max, _ngram_count,
              to="spec.ngram_mod_n_max", metavar="N"),
-        Flag(("--spec-draft-n-max",), "a draft model's most tokens per draft (lamplight has no draft model yet: "
-             "unused by the n-gram kinds, as in llama-server)", _SPEC_DRAFT.n_max, _non_negative,
+        Flag(("--spec-draft-n-max",), "a draft model's most tokens per draft", _SPEC_DRAFT.n_max, _non_negative,
              to="spec.draft_n_max", env="LLAMA_ARG_SPEC_DRAFT_N_MAX", metavar="N"),
-        Flag(("--spec-draft-n-min",), "a draft model's fewest tokens per draft (likewise)", _SPEC_DRAFT.n_min, int,
-             to="spec.draft_n_min", env="LLAMA_ARG_SPEC_DRAFT_N_MIN", metavar="N"),
-        Flag(("--spec-draft-p-min", "--draft-p-min"), "a draft model's least probability to go on drafting "
-             "(likewise)", _SPEC_DRAFT.p_min, float, to="spec.draft_p_min", env="LLAMA_ARG_SPEC_DRAFT_P_MIN",
-             metavar="P"),
+        Flag(("--spec-draft-n-min",), "a draft model's fewest tokens per draft (a shorter one is not verified)",
+             _SPEC_DRAFT.n_min, _non_negative, to="spec.draft_n_min", env="LLAMA_ARG_SPEC_DRAFT_N_MIN", metavar="N"),
+        Flag(("--spec-draft-p-min", "--draft-p-min"), "a draft model's least probability (among its 10 likeliest "
+             "tokens) to go on drafting", _SPEC_DRAFT.p_min, _probability, to="spec.draft_p_min",
+             env="LLAMA_ARG_SPEC_DRAFT_P_MIN", metavar="P"),
+        Flag(("--spec-draft-model", "-md", "--model-draft"), "a draft model for speculative decoding (the target's "
+             "vocabulary; read by the same kernels and threads as the model)", None, str, to="spec.draft_model",
+             env="LLAMA_ARG_SPEC_DRAFT_MODEL", metavar="FNAME", shown_default="unused"),
+        Flag(("--spec-draft-type-k", "-ctkd", "--cache-type-k-draft"), "the draft model's KV cache type for K",
+             choices=CACHE_TYPE_NAMES, to="spec.draft_cache_type_k", env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K",
+             shown_default="as -ctk's default"),
+        Flag(("--spec-draft-type-v", "-ctvd", "--cache-type-v-draft"), "the draft model's KV cache type for V",
+             choices=CACHE_TYPE_NAMES, to="spec.draft_cache_type_v", env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V",
+             shown_default="as -ctv's default"),
         _refused(("-lcs", "--lookup-cache-static"), _LOOKUP_CACHE, "FNAME"),
         _refused(("-lcd", "--lookup-cache-dynamic"), _LOOKUP_CACHE, "FNAME"),
-        _refused(("--spec-draft-model", "-md", "--model-draft"), _SPECULATIVE, "FNAME",
-                 env="LLAMA_ARG_SPEC_DRAFT_MODEL"),
-        _refused(("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft"), _SPECULATIVE, "USER/MODEL[:QUANT]",
+        _refused(("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft"), f"{_NOT_YET}: download the draft model and "
+                 "pass -md FNAME", "USER/MODEL[:QUANT]",
                  env="LLAMA_ARG_SPEC_DRAFT_HF_REPO"),
-        _refused(("--spec-draft-p-split", "--draft-p-split"), _SPECULATIVE, "P", env="LLAMA_ARG_SPEC_DRAFT_P_SPLIT"),
-        _refused(("--spec-draft-sampling",), _SPECULATIVE, "{greedy,probabilistic}",
+        _refused(("--spec-draft-p-split", "--draft-p-split"), f"{_NOT_YET}: a draft model drafts one chain", "P", env="LLAMA_ARG_SPEC_DRAFT_P_SPLIT"),
+        _refused(("--spec-draft-sampling",), _DRAFT_GREEDY, "{greedy,probabilistic}",
                  env="LLAMA_ARG_SPEC_DRAFT_SAMPLING"),
-        _refused(("--spec-draft-backend-sampling", "--no-spec-draft-backend-sampling"), _SPECULATIVE,
+        _refused(("--spec-draft-backend-sampling", "--no-spec-draft-backend-sampling"), _DRAFT_GREEDY,
                  env="LLAMA_ARG_SPEC_DRAFT_BACKEND_SAMPLING"),
-        _refused(("--spec-draft-type-k", "-ctkd", "--cache-type-k-draft"), _SPECULATIVE, "TYPE",
-                 env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K"),
-        _refused(("--spec-draft-type-v", "-ctvd", "--cache-type-v-draft"), _SPECULATIVE, "TYPE",
-                 env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V"),
-        _refused(("--spec-draft-threads", "-td", "--threads-draft"), _SPECULATIVE, "N"),
-        _refused(("--spec-draft-threads-batch", "-tbd", "--threads-batch-draft"), _SPECULATIVE, "N"),
-        _refused(("--spec-draft-cpu-mask", "-Cd", "--cpu-mask-draft"), _SPECULATIVE, "M"),
-        _refused(("--spec-draft-cpu-range", "-Crd", "--cpu-range-draft"), _SPECULATIVE, "lo-hi"),
-        _refused(("--spec-draft-cpu-strict", "--cpu-strict-draft"), _SPECULATIVE, "<0|1>"),
-        _refused(("--spec-draft-prio", "--prio-draft"), _SPECULATIVE, "N"),
-        _refused(("--spec-draft-poll", "--poll-draft"), _SPECULATIVE, "<0|1>"),
-        _refused(("--spec-draft-cpu-mask-batch", "-Cbd", "--cpu-mask-batch-draft"), _SPECULATIVE, "M"),
-        _refused(("--spec-draft-cpu-strict-batch", "--cpu-strict-batch-draft"), _SPECULATIVE, "<0|1>"),
-        _refused(("--spec-draft-prio-batch", "--prio-batch-draft"), _SPECULATIVE, "N"),
-        _refused(("--spec-draft-poll-batch", "--poll-batch-draft"), _SPECULATIVE, "<0|1>"),
-        _refused(("--spec-draft-override-tensor", "-otd", "--override-tensor-draft"), _SPECULATIVE,
+        _refused(("--spec-draft-threads", "-td", "--threads-draft"), _DRAFT_THREADS, "N"),
+        _refused(("--spec-draft-threads-batch", "-tbd", "--threads-batch-draft"), _DRAFT_THREADS, "N"),
+        _refused(("--spec-draft-cpu-mask", "-Cd", "--cpu-mask-draft"), _DRAFT_THREADS, "M"),
+        _refused(("--spec-draft-cpu-range", "-Crd", "--cpu-range-draft"), _DRAFT_THREADS, "lo-hi"),
+        _refused(("--spec-draft-cpu-strict", "--cpu-strict-draft"), _DRAFT_THREADS, "<0|1>"),
+        _refused(("--spec-draft-prio", "--prio-draft"), _DRAFT_THREADS, "N"),
+        _refused(("--spec-draft-poll", "--poll-draft"), _DRAFT_THREADS, "<0|1>"),
+        _refused(("--spec-draft-cpu-mask-batch", "-Cbd", "--cpu-mask-batch-draft"), _DRAFT_THREADS, "M"),
+        _refused(("--spec-draft-cpu-strict-batch", "--cpu-strict-batch-draft"), _DRAFT_THREADS, "<0|1>"),
+        _refused(("--spec-draft-prio-batch", "--prio-batch-draft"), _DRAFT_THREADS, "N"),
+        _refused(("--spec-draft-poll-batch", "--poll-batch-draft"), _DRAFT_THREADS, "<0|1>"),
+        _refused(("--spec-draft-override-tensor", "-otd", "--override-tensor-draft"), _DRAFT_PLACEMENT,
                  "PATTERN=TYPE,..."),
-        _refused(("--spec-draft-cpu-moe", "-cmoed", "--cpu-moe-draft"), _SPECULATIVE,
+        _refused(("--spec-draft-cpu-moe", "-cmoed", "--cpu-moe-draft"), _DRAFT_PLACEMENT,
                  env="LLAMA_ARG_SPEC_DRAFT_CPU_MOE"),
-        _refused(("--spec-draft-n-cpu-moe", "--spec-draft-ncmoe", "-ncmoed", "--n-cpu-moe-draft"), _SPECULATIVE, "N",
+        _refused(("--spec-draft-n-cpu-moe", "--spec-draft-ncmoe", "-ncmoed", "--n-cpu-moe-draft"), _DRAFT_PLACEMENT, "N",
                  env="LLAMA_ARG_SPEC_DRAFT_N_CPU_MOE"),
-        _refused(("--spec-draft-device", "-devd", "--device-draft"), _SPECULATIVE, "<dev1,dev2,..>"),
-        _refused(("--spec-draft-ngl", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft"), _SPECULATIVE, "N",
+        _refused(("--spec-draft-device", "-devd", "--device-draft"), _DRAFT_PLACEMENT, "<dev1,dev2,..>"),
+        _refused(("--spec-draft-ngl", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft"), _DRAFT_PLACEMENT, "N",
                  env="LLAMA_ARG_N_GPU_LAYERS_DRAFT"),
         _refused(("--spec-synth-len",), _SPECULATIVE, "L", env="LLAMA_ARG_SPEC_SYNTH_LEN"),
         _refused(("--spec-synth-rates",), _SPECULATIVE, "P0,P1,...", env="LLAMA_ARG_SPEC_SYNTH_RATES"),
-        _refused(("--draft", "--draft-n", "--draft-max"), f"{_REMOVED} (use --spec-draft-n-max); {_SPECULATIVE}",
+        _refused(("--draft", "--draft-n", "--draft-max"), f"{_REMOVED} (use --spec-draft-n-max)",
                  "N", env="LLAMA_ARG_DRAFT_MAX"),
-        _refused(("--draft-min", "--draft-n-min"), f"{_REMOVED} (use --spec-draft-n-min); {_SPECULATIVE}", "N",
+        _refused(("--draft-min", "--draft-n-min"), f"{_REMOVED} (use --spec-draft-n-min)", "N",
                  env="LLAMA_ARG_DRAFT_MIN"),
-        *(_refused((f"--spec-ngram-{name}",), f"{_REMOVED}; {_SPECULATIVE}", "N")
+        *(_refused((f"--spec-ngram-{name}",), f"{_REMOVED} (use --spec-ngram-simple-{name})", "N")
           for name in ("size-n", "size-m", "min-hits")),
     )),
     ("per-request constraint defaults (a request's own grammar, json_schema, response_format or tools win)", (

@@ -21,12 +21,17 @@ def serve_parser() -> argparse.ArgumentParser:
 
 
 def engine_options(args: argparse.Namespace):
+    """EngineOptions from the flags; FlagError for flags that contradict each other."""
     from lamplight.server.launcher import EngineOptions
 
     engine = settings_from(args, "engine")
     if engine["kv_unified"] is None:  # llama-server's rule: one pool when the slots are auto (-np -1)
         engine["kv_unified"] = args.parallel == -1
-    return EngineOptions(**engine, speculative=spec_config(settings_from(args, "spec")))
+    try:
+        speculative = spec_config(settings_from(args, "spec"))
+    except ValueError as exc:
+        raise FlagError(str(exc)) from None
+    return EngineOptions(**engine, speculative=speculative)
 
 
 def server_settings(args: argparse.Namespace):

@@ -331,7 +331,7 @@ def test_a_refused_switch_set_off_is_no_refusal(clean_env):
     (["--mmproj-url", "x"], "--mmproj-url: not yet in lamplight: download the projector first"),
     (["--video-fps", "1"], "--video-fps: not yet: video input (images are supported: --mmproj)"),
     (["--kv-unified-per-slot", "2"], "--kv-unified-per-slot: not yet: the shared KV pool across slots"),
-    (["-md", "draft.gguf"], "-md: not yet: lamplight has no draft model"),
+    (["-td", "2"], "-td: the draft model runs on the model's own threads (-t)"),
     (["--draft", "16"], "--draft: the argument has been removed from llama-server (use --spec-draft-n-max)"),
     (["--control-vector-layer-range", "1", "4"], "--control-vector-layer-range: not yet in lamplight"),
 ])

@@ -84,6 +84,7 @@ def test_a_streamed_chat_reply_is_the_plain_one(server):
 @pytest.mark.parametrize("field, value, message", [
     ("speculative.type", "draft-mtp", "draft-mtp: not yet"),
     ("speculative.type", "ngram-quick", "unknown speculative decoding type"),
+    ("speculative.type", "ngram-mod,draft-simple", "the server was started without one (-md)"),
     ("speculative.type", 3, "speculative.type"),
     ("speculative.n_max", -1, "speculative.n_max"),
     ("speculative.n_min", 1.5, "speculative.n_min"),

@@ -144,8 +144,9 @@ def test_request_fields_choose_kinds_and_bound_drafts():
 def test_kind_names_and_flag_settings():
     assert parse_kinds("ngram-simple, ngram-mod,ngram-simple") == ("ngram-simple", "ngram-mod")
     assert parse_kinds("none") == () and parse_kinds("") == ()
-    with pytest.raises(ValueError, match="draft-simple: not yet"):
-        parse_kinds("draft-simple")
+    assert parse_kinds("ngram-mod,draft-simple") == ("ngram-mod", "draft-simple")
+    with pytest.raises(ValueError, match="draft-eagle3: not yet"):
+        parse_kinds("draft-eagle3")
     with pytest.raises(ValueError, match="unknown speculative decoding type 'fast'"):
         parse_kinds("fast")
     config = spec_config({"kinds": ("ngram-simple",), "default": True, "ngram_map_k_size_n": 7,
@@ -153,3 +154,20 @@ def test_kind_names_and_flag_settings():
     assert config.kinds == ("ngram-simple", "ngram-mod")
     assert config.ngram_map_k.size_n == 7 and config.ngram_mod == NgramModSizes()  # --spec-default's preset
     assert config.types_text() == "ngram-simple,ngram-mod" and SpecConfig().types_text() == "none"
+
+
+def test_a_draft_model_drafts_unless_told_otherwise():
+    """-md alone drafts with it (draft-simple); --spec-type decides where given; draft-simple
+    without a draft model is refused, in the flags and in a request."""
+    assert spec_config({"draft_model": "d.gguf"}).kinds == ("draft-simple",)
+    assert spec_config({"draft_model": "d.gguf", "kinds": ()}).kinds == ()  # --spec-type none
+    both = spec_config({"draft_model": "d.gguf", "kinds": ("ngram-mod", "draft-simple"), "draft_n_max": 5,
+                        "draft_p_min": 0.5, "draft_cache_type_k": "q8_0"})
+    assert both.kinds == ("ngram-mod", "draft-simple") and both.draft.n_max == 5 and both.draft.p_min == 0.5
+    assert both.draft_cache_type_k == "q8_0" and both.draft_cache_type_v is None
+    with pytest.raises(ValueError, match="draft-simple drafts with a draft model"):
+        spec_config({"kinds": ("draft-simple",)})
+    factory = SpeculatorFactory(SpecConfig(kinds=("ngram-simple",)))
+    factory.check(SpecRequest(kinds=("ngram-mod",)))
+    with pytest.raises(ValueError, match="started without one"):
+        factory.check(SpecRequest(kinds=("draft-simple",)))

@@ -37,6 +37,7 @@ from ..speculative.config import types_text
 from . import slot_actions, views
 from .checkpoints import Checkpoint, CheckpointStore
 from .config import EngineConfig
+from .draft_model import new_draft_model
 from .handle import RequestHandle
 from ..state import StateSpec
 from .kv_cache import KVCache
@@ -64,10 +65,12 @@ log = logging.getLogger("lamplight.engine")
 
 class Engine:
     def __init__(
-        self, runner: ModelRunner, tokenizer, config: EngineConfig | None = None, loras: list[LoraAdapter] | None = None
+        self, runner: ModelRunner, tokenizer, config: EngineConfig | None = None, loras: list[LoraAdapter] | None = None,
+        draft_runner: ModelRunner | None = None,
     ):
         """`runner` computes every step (lamplight.loader.build_runner); `loras`: the adapters it
-        was built with (attached here if it was not), in id order."""
+        was built with (attached here if it was not), in id order; `draft_runner`: a draft model
+        for speculative decoding (-md), with the runner's vocabulary."""
         self.runner = runner
         self.lora_sets = LoraSets(runner, loras)
         self.tokenizer = tokenizer
@@ -101,7 +104,11 @@ class Engine:
         self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "steps": 0, "requests": 0, "failed": 0}
         # Speculative decoding (--spec-type, a request's speculative.type): not for recurrent
         # layers, whose state cannot take back the tokens a draft got wrong.
-        self.speculation = None if spec.recurrent else SpeculatorFactory(cfg.speculative)
+        self.draft_model = None
+        if draft_runner is not None and not spec.recurrent:
+            self.draft_model = new_draft_model(draft_runner, num_tokens, cfg, runner.config.vocab_size)
+        self.speculation = None if spec.recurrent else SpeculatorFactory(
+            cfg.speculative, self.draft_model.drafter if self.draft_model is not None else None)
         self.spec_stats = SpecStats()
 
     @property
@@ -175,6 +182,11 @@ class Engine:
         if spec is not None and spec.kinds and self.speculation is None:
             raise InvalidRequestError("speculative.type: this model has recurrent layers, whose state cannot take back "
                                       "rejected draft tokens; it decodes without speculation")
+        if self.speculation is not None:
+            try:
+                self.speculation.check(spec)
+            except ValueError as exc:
+                raise InvalidRequestError(f"speculative.type: {exc}") from None
 
     # -- LoRA ----------------------------------------------------------------------------------
 
@@ -309,7 +321,7 @@ class Engine:
             slot.settings = request.settings
             handle.sequences.append(seq)
             if self.speculation is not None:
-                seq.speculator = self.speculation.build(request.speculative)
+                seq.speculator = self.speculation.build(request.speculative, slot.id)
                 if seq.speculator is not None:
                     seq.speculator.begin(seq.tokens)
             if choice == 0:
@@ -495,8 +507,12 @@ class Engine:
     def _add_drafts(self, plan: list[tuple[Sequence, SequenceChunk]], budget: int) -> int:
         """Each decoding sequence's draft (lamplight.engine.speculation), as decode rows after the
         step's decode tokens, within `budget` rows and the pool's free blocks (a draft never takes
-        room from anyone); the rows it used."""
+        room from anyone); the rows it used. A draft model drafts for all its sequences first, together."""
         used = 0
+        if self.draft_model is not None:
+            self.draft_model.prepare([(drafter, seq.tokens, seq.speculator.limit(min(draft_limit(seq), budget)))
+                                      for seq, _ in plan if seq.speculator is not None
+                                      and (drafter := seq.speculator.model_drafter()) is not None])
         for index, (seq, _) in enumerate(list(plan)):
             seq.draft = []
             if seq.speculator is None or used >= budget:

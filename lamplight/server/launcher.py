@@ -77,9 +77,35 @@ def load_model(model: Any, options: EngineOptions, **load_options) -> Any:
                                 lora_init_without_apply=options.lora_init_without_apply, **load_options)
     except AdapterError as exc:
         raise StartupError(str(exc)) from exc
+    say = load_options.get("progress") or (lambda _msg: None)
     # The server's image input (ServerState.media), or None: beside the text model it reads.
-    loaded.media = load_media(loaded, options, load_options.get("progress") or (lambda _msg: None))
+    loaded.media = load_media(loaded, options, say)
+    # The draft model of speculative decoding (-md), or None.
+    loaded.draft = load_draft_model(loaded, options.speculative.draft_model, backend, say)
     return loaded
+
+
+def load_draft_model(loaded: Any, path: str | None, backend: str, say: Callable[[str], None]) -> Any:
+    """The draft model at `path` on the model's backend, checked to share its vocabulary (as
+    llama-server checks it) and to be able to take back a rejected draft; None without a path."""
+    if path is None:
+        return None
+    import lamplight
+    from lamplight.gguf.file import GGUFError
+    from lamplight.speculative.compat import vocab_mismatch
+
+    try:
+        draft = lamplight.load(path, backend=backend)
+    except (GGUFError, OSError, ValueError) as exc:
+        raise StartupError(f"-md {path}: {exc}") from exc
+    problem = vocab_mismatch(loaded.tokenizer, draft.tokenizer)
+    if problem is not None:
+        raise StartupError(f"-md {path}: the draft model's vocabulary must be the model's: {problem}")
+    if draft.spec.state_spec.recurrent:
+        raise StartupError(f"-md {path}: the draft model has recurrent layers, whose state cannot take back a "
+                           "rejected draft")
+    say(f"draft model: {draft.name}: {draft.kernels}")
+    return draft
 
 
 def load_media(loaded: Any, options: EngineOptions, say: Callable[[str], None]) -> Any:
@@ -195,7 +221,9 @@ def build_engine(loaded: Any, options: EngineOptions, say: Callable[[str], None]
         say(f"context: {config.n_ctx} tokens ({why}; -c sets it)")
     if runner.owns_threads:
         dedicate_threads_to_native()
-    engine = Engine(runner, loaded.tokenizer, config, loras=loaded.adapters)
+    draft = getattr(loaded, "draft", None)
+    engine = Engine(runner, loaded.tokenizer, config, loras=loaded.adapters,
+                    draft_runner=draft.runner if draft is not None else None)
     if config.speculative.enabled:
         say(f"speculative decoding: {config.speculative.types_text()}" if engine.speculation is not None else
             "speculative decoding: off (this model has recurrent layers, whose state cannot take back rejected drafts)")

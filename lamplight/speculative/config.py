@@ -9,14 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 NONE = "none"
-# The kinds lamplight drafts with: all of them look for the tokens that follow an earlier
-# occurrence of the sequence's last n tokens (self-speculation, no draft model).
+# The n-gram kinds look for the tokens that follow an earlier occurrence of the sequence's last
+# n tokens (self-speculation); draft-simple asks a smaller model (--spec-draft-model).
 NGRAM_KINDS = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
-# llama-server's other kinds: a draft model or a model's own draft heads; refused with a reason.
-MODEL_KINDS = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
+DRAFT_MODEL_KIND = "draft-simple"
+# llama-server's other kinds: a model's own draft heads, or a lookup cache; refused with a reason.
+HEAD_KINDS = ("draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
 CACHE_KINDS = ("ngram-cache",)
-ALL_KINDS = (NONE, *MODEL_KINDS, *NGRAM_KINDS, *CACHE_KINDS)
-NOT_YET = "not yet: lamplight drafts with the n-gram kinds only (" + ", ".join(NGRAM_KINDS) + ")"
+ALL_KINDS = (NONE, DRAFT_MODEL_KIND, *HEAD_KINDS, *NGRAM_KINDS, *CACHE_KINDS)
+NOT_YET = ("not yet: lamplight drafts with the n-gram kinds (" + ", ".join(NGRAM_KINDS) + ") and a draft model ("
+           + DRAFT_MODEL_KIND + ")")
+NO_DRAFT_MODEL = DRAFT_MODEL_KIND + " drafts with a draft model, and the server was started without one (-md)"
 
 NGRAM_SIZE_LIMIT = 1024  # llama-server's bound on the n-gram sizes
 
@@ -44,7 +47,8 @@ class NgramModSizes:
 
 @dataclass(frozen=True)
 class DraftModelSizes:
-    """--spec-draft-n-max/-n-min/-p-min: a draft model's (accepted; lamplight has none yet)."""
+    """--spec-draft-n-max/-n-min/-p-min: a draft model's most and fewest tokens per draft, and the
+    least probability (among its 10 likeliest tokens) of a drafted token."""
 
     n_max: int = 3
     n_min: int = 0
@@ -62,6 +66,9 @@ class SpecConfig:
     ngram_map_k4v: NgramMapSizes = field(default_factory=NgramMapSizes)
     ngram_mod: NgramModSizes = field(default_factory=NgramModSizes)
     draft: DraftModelSizes = field(default_factory=DraftModelSizes)
+    draft_model: str | None = None  # -md: the draft model's path (kind draft-simple)
+    draft_cache_type_k: str | None = None  # -ctkd/-ctvd; None: as the draft runner stores by default
+    draft_cache_type_v: str | None = None
 
     @property
     def enabled(self) -> bool:
@@ -95,7 +102,7 @@ def parse_kinds(text: str) -> tuple[str, ...]:
     for name in names:
         if name not in ALL_KINDS:
             raise ValueError(f"unknown speculative decoding type {name!r} (one of {', '.join(ALL_KINDS)})")
-        if name in MODEL_KINDS or name in CACHE_KINDS:
+        if name in HEAD_KINDS or name in CACHE_KINDS:
             raise ValueError(f"{name}: {NOT_YET}")
         if name != NONE and name not in kinds:
             kinds.append(name)
@@ -104,8 +111,15 @@ def parse_kinds(text: str) -> tuple[str, ...]:
 
 def spec_config(values: dict) -> SpecConfig:
     """The SpecConfig of the serve flags' "spec" settings (lamplight.serve_flags: kinds, default,
-    ngram_<kind>_size_n/_size_m/_min_hits, ngram_mod_n_match/_n_min/_n_max, draft_n_max/_n_min/_p_min)."""
+    ngram_<kind>_size_n/_size_m/_min_hits, ngram_mod_n_match/_n_min/_n_max, draft_n_max/_n_min/_p_min,
+    draft_model, draft_cache_type_k/_v). A draft model without --spec-type drafts (as llama-server
+    did before its kinds were named); draft-simple without one: ValueError."""
     kinds = tuple(values.get("kinds") or ())
+    draft_model = values.get("draft_model") or None
+    if draft_model is not None and values.get("kinds") is None:
+        kinds = (DRAFT_MODEL_KIND,)
+    if DRAFT_MODEL_KIND in kinds and draft_model is None:
+        raise ValueError("--spec-type: " + NO_DRAFT_MODEL)
     base_mod, base_draft = NgramModSizes(), DraftModelSizes()
     mod = NgramModSizes(values.get("ngram_mod_n_match", base_mod.n_match), values.get("ngram_mod_n_max", base_mod.n_max),
                         values.get("ngram_mod_n_min", base_mod.n_min))
@@ -120,4 +134,5 @@ def spec_config(values: dict) -> SpecConfig:
 
     draft = DraftModelSizes(values.get("draft_n_max", base_draft.n_max), values.get("draft_n_min", base_draft.n_min),
                             values.get("draft_p_min", base_draft.p_min))
-    return SpecConfig(kinds, sizes("simple"), sizes("map_k"), sizes("map_k4v"), mod, draft)
+    return SpecConfig(kinds, sizes("simple"), sizes("map_k"), sizes("map_k4v"), mod, draft, draft_model,
+                      values.get("draft_cache_type_k"), values.get("draft_cache_type_v"))

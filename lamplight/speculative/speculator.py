@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .config import SpecConfig, SpecRequest
+from typing import Callable
+
+from .config import DRAFT_MODEL_KIND, NO_DRAFT_MODEL, SpecConfig, SpecRequest
 from .ngram import Drafter, NgramMap, NgramMod, NgramModTable, NgramSimple
 
 
@@ -43,12 +45,20 @@ class Speculator:
         for drafter in self.drafters:
             drafter.reset(tokens)
 
+    def limit(self, limit: int) -> int:
+        """The most tokens the next draft may have, within `limit`: the cap and the request's n_max."""
+        limit = min(limit, self.cap.value)
+        return limit if self.n_max is None else min(limit, self.n_max)
+
+    def model_drafter(self) -> Drafter | None:
+        """This sequence's draft-model drafter, if it drafts with one (the engine drafts for all
+        such sequences together before asking each for its draft)."""
+        return next((drafter for drafter in self.drafters if drafter.kind == DRAFT_MODEL_KIND), None)
+
     def draft(self, tokens: list[int], limit: int) -> list[int]:
         """At most `limit` tokens to verify after `tokens` (whose last is not yet computed)."""
         self.last = None
-        limit = min(limit, self.cap.value)
-        if self.n_max is not None:
-            limit = min(limit, self.n_max)
+        limit = self.limit(limit)
         if limit <= 0:
             return []
         for drafter in self.drafters:
@@ -69,11 +79,18 @@ class Speculator:
 
 class SpeculatorFactory:
     """Builds each sequence's Speculator from the server's settings and the request's fields;
-    holds what the sequences share (ngram-mod's table)."""
+    holds what the sequences share (ngram-mod's table). `model_drafter(slot_id)`: the draft
+    model's drafter for a slot's sequence (kind draft-simple); None: the server has no draft model."""
 
-    def __init__(self, config: SpecConfig):
+    def __init__(self, config: SpecConfig, model_drafter: Callable[[int], Drafter] | None = None):
         self.config = config
+        self.model_drafter = model_drafter
         self._mod_table: NgramModTable | None = None
+
+    def check(self, request: SpecRequest | None) -> None:
+        """ValueError if a request asks for a kind this server cannot draft with."""
+        if DRAFT_MODEL_KIND in self.kinds_for(request) and self.model_drafter is None:
+            raise ValueError(NO_DRAFT_MODEL)
 
     def kinds_for(self, request: SpecRequest | None) -> tuple[str, ...]:
         """The kinds a request with these fields drafts with (none when its n_max is 0)."""
@@ -83,18 +100,22 @@ class SpeculatorFactory:
             return request.kinds
         return self.config.kinds
 
-    def build(self, request: SpecRequest | None) -> Speculator | None:
-        """None: this request does not speculate."""
+    def build(self, request: SpecRequest | None, slot_id: int = 0) -> Speculator | None:
+        """The Speculator of a sequence in slot `slot_id`; None: this request does not speculate."""
         kinds = self.kinds_for(request)
         if not kinds:
             return None
-        drafters = [self._drafter(kind) for kind in kinds]
+        drafters = [self._drafter(kind, slot_id) for kind in kinds]
         if request is None:
             return Speculator(drafters)
         return Speculator(drafters, request.n_max, request.n_min)
 
-    def _drafter(self, kind: str) -> Drafter:
+    def _drafter(self, kind: str, slot_id: int = 0) -> Drafter:
         cfg = self.config
+        if kind == DRAFT_MODEL_KIND:
+            if self.model_drafter is None:
+                raise ValueError(NO_DRAFT_MODEL)
+            return self.model_drafter(slot_id)
         if kind == "ngram-simple":
             return NgramSimple(cfg.ngram_simple)
         if kind == "ngram-map-k":

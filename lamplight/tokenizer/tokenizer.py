@@ -66,6 +66,11 @@ class Tokenizer:
         self.fim_rep_id = vocab.ids.get("fim_rep")
         self.fim_sep_id = vocab.ids.get("fim_sep")
 
+    @property
+    def vocab(self) -> Vocab:
+        """The vocabulary as the GGUF file lists it (read it, do not change it)."""
+        return self._vocab
+
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> "Tokenizer":
         """Built once per file: Gemma's 262k-token vocabulary takes about a second to set up."""
