@@ -20,6 +20,7 @@ from lamplight.gguf.file import GGUFFile
 from lamplight.models.batch import SequenceChunk, build_forward_batch
 from lamplight.models.spec import ExpertsSpec
 from lamplight.native import build, runtime
+from lamplight.native import runner as native_runner
 from lamplight.native.runner import NativeRunner
 from lamplight.state import ModelState
 
@@ -141,6 +142,34 @@ def test_instruction_set_builds_agree(tiny):
     first = results[VARIANTS[0]]
     for variant, logits in results.items():
         assert torch.equal(logits, first), variant
+
+
+@pytest.mark.parametrize("qtype", [Q.F16, Q.BF16])
+def test_half_precision_weights_are_read_as_stored_and_give_the_float32_bits(tmp_path, qtype, monkeypatch):
+    """F16 and BF16 weights stay 2 bytes a value (half what float32 reads) and are widened exactly
+    before the same dot products: prompt and decode rows give the float32 path's bits, every build
+    (the output head's 267 columns end in a tile padded with zero columns)."""
+    model = runner_for(write_tiny_llama(tmp_path / "half.gguf", qtype=qtype, n_embd=128, output_qtype=qtype))
+    assert model.config.vocab_size % 4 != 0
+
+    def steps(cache):  # a prompt (rows widened 16 at a time), then 3 rows and 1 (read straight from the tiles)
+        table = BlockTable(cache)
+        return [[(table, _ids(37), 0)], [(table, _ids(3, 5), 37)], [(table, [9], 40)]]
+
+    results, bytes_read = {}, {}
+    for variant in VARIANTS:
+        runner = _native(model, variant)
+        assert qtype.name.lower() in runner.kinds and "f32" not in runner.kinds
+        cache = _cache(model)
+        results[variant] = _run(runner, steps(cache), cache)
+        bytes_read[variant] = runner.weight_bytes()
+    monkeypatch.setattr(native_runner, "_DENSE_FORMATS", {})
+    wide = _native(model)
+    assert wide.kinds == ["f32"] and wide.weight_bytes() > 1.5 * bytes_read[VARIANTS[0]]
+    cache = _cache(model)
+    expected = _run(wide, steps(cache), cache)
+    for variant, outs in results.items():
+        assert all(torch.equal(a, b) for a, b in zip(outs, expected)), variant
 
 
 def test_the_fast_backend_is_the_native_forward(tiny):

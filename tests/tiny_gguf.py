@@ -80,10 +80,11 @@ def _add_norm(w: GGUFWriter, rng: np.random.Generator, name: str, n: int) -> Non
 
 def write_tiny_llama(path: str | Path, seed: int = 0, n_layers: int = 2, n_ctx: int = 256, qtype: Q = Q.Q8_0,
                      n_embd: int = 64, split_max_tensors: int = 0, controls: list[str] = (),
-                     keys: dict | None = None) -> Path:
+                     keys: dict | None = None, output_qtype: Q | None = None) -> Path:
     """A tiny random llama file; with `split_max_tensors`, split as llama.cpp's gguf-split does
     (PATH-00001-of-0000N.gguf ...; the first part's path is returned); `controls`: control tokens
-    added at the end of the vocabulary; `keys`: more `llama.*` keys (e.g. rope scaling)."""
+    added at the end of the vocabulary; `keys`: more `llama.*` keys (e.g. rope scaling);
+    `output_qtype`: an output head of its own of this type (else the embeddings are tied)."""
     rng = np.random.default_rng(seed)
     tokens, types, merges, ids = _bpe_vocab()
     tokens, types = tokens + list(controls), types + [3] * len(controls)
@@ -109,6 +110,8 @@ def write_tiny_llama(path: str | Path, seed: int = 0, n_layers: int = 2, n_ctx: 
         _add_linear(w, rng, p + "ffn_up.weight", n_ff, n_embd, qtype, 0.2)
         _add_linear(w, rng, p + "ffn_down.weight", n_embd, n_ff, qtype, 0.2)
     _add_norm(w, rng, "output_norm.weight", n_embd)
+    if output_qtype is not None:
+        _add_linear(w, rng, "output.weight", n_vocab, n_embd, output_qtype, 0.5)
     _finish(w)
     if split_max_tensors:
         path = Path(path)

@@ -35,6 +35,10 @@ class QWeight(ctypes.Structure):
     _fields_ = [("format", c_int32), ("n", c_int32), ("k", c_int32), ("reserved", c_int32), ("data", c_void_p)]
 
 
+DENSE_F32, DENSE_F16, DENSE_BF16 = 0, 32, 33  # LinearPart.w.format of a dense part (forward.h)
+DENSE_TILE_COLS, DENSE_TILE_K = 4, 16  # how fp16/bf16 dense values are laid out (forward.h)
+
+
 class LinearPart(ctypes.Structure):
     _fields_ = [("w", QWeight), ("dense", c_void_p)]
 
@@ -143,6 +147,8 @@ def constants() -> dict[str, int]:
         "LP_KV_F32": LP_KV_F32, "LP_KV_F16": LP_KV_F16, "LP_KV_BF16": LP_KV_BF16, "LP_KV_Q8_0": LP_KV_Q8_0,
         "LP_KV_Q4_0": LP_KV_Q4_0, "LP_KV_Q4_1": LP_KV_Q4_1, "LP_KV_Q5_0": LP_KV_Q5_0, "LP_KV_Q5_1": LP_KV_Q5_1,
         "LP_KV_IQ4_NL": LP_KV_IQ4_NL, "LP_MIX_DELTANET": LP_MIX_DELTANET,
+        "LP_DENSE_F32": DENSE_F32, "LP_DENSE_F16": DENSE_F16, "LP_DENSE_BF16": DENSE_BF16,
+        "LP_DENSE_TILE_COLS": DENSE_TILE_COLS,
         "LP_KV_SHARED": LP_KV_SHARED, "LP_V_FROM_K": LP_V_FROM_K, "LP_V_NORM": LP_V_NORM,
         "LP_MIX_SHORTCONV": LP_MIX_SHORTCONV, "LP_MIX_MAMBA2": LP_MIX_MAMBA2,
         "LP_MAX_PARTS": MAX_PARTS, "LP_MAX_EXPERTS": MAX_EXPERTS, "LP_MAX_EXPERTS_USED": MAX_EXPERTS_USED,

@@ -15,6 +15,7 @@ import ctypes
 import itertools
 
 import numpy as np
+from gguf import GGMLQuantizationType as Q
 import torch
 
 from ..gguf.file import TensorInfo
@@ -151,8 +152,8 @@ class NativeRunner(ModelRunner):
                 part.w.format, part.w.n, part.w.k = packed.format, packed.n, packed.k
                 part.w.data = self._hold(packed.data)
             else:
-                weight = torch.cat([dequantize(i) for i in group_infos])
-                part.w.format, part.w.n, part.w.k = 0, weight.shape[0], weight.shape[1]
+                fmt, weight = _dense(group_infos)
+                part.w.format, part.w.n, part.w.k = fmt, sum(i.shape[0] for i in group_infos), weight.shape[1]
                 part.dense = self._hold(weight)
         lin.bias = self._hold(bias)
         self._attach_loras(lin, infos)
@@ -192,7 +193,9 @@ class NativeRunner(ModelRunner):
 
     @staticmethod
     def _kind(part: abi.LinearPart) -> str:
-        return {0: "f32", 1: "w4", 2: "w8", 3: "w8_32", 4: "w6"}.get(part.w.format, f"format{part.w.format}")
+        if part.dense:
+            return {abi.DENSE_F16: "f16", abi.DENSE_BF16: "bf16"}.get(part.w.format, "f32")
+        return {1: "w4", 2: "w8", 3: "w8_32", 4: "w6"}.get(part.w.format, f"format{part.w.format}")
 
     def _describe_config(self) -> abi.Config:
         spec, cfg, opts = self.spec, self.spec.config, self.spec.options
@@ -444,6 +447,33 @@ class NativeRunner(ModelRunner):
         flags = np.zeros(embd.shape[0], dtype=np.uint8)
         flags[rows.numpy()] = 1
         return flags
+
+
+# Dense weights kept as the file stores them (the kernel widens them exactly): LP_DENSE_F16/_BF16.
+_DENSE_FORMATS = {Q.F16: (abi.DENSE_F16, np.float16), Q.BF16: (abi.DENSE_BF16, np.uint16)}
+
+
+def _dense(infos: list) -> tuple[int, torch.Tensor | np.ndarray]:
+    """A dense part's format and values: fp16 or bf16 as stored, in forward.h's tiles, when every
+    weight has that type (and k is a multiple of the tile's 16), else float32 [n, k]."""
+    kinds = {_DENSE_FORMATS.get(i.qtype) for i in infos}
+    k = infos[0].shape[1]
+    if len(kinds) == 1 and None not in kinds and k % abi.DENSE_TILE_K == 0:
+        fmt, dtype = kinds.pop()
+        values = np.concatenate([i.data.view(dtype).reshape(i.shape) for i in infos])
+        return fmt, _dense_tiles(values)
+    return abi.DENSE_F32, torch.cat([dequantize(i) for i in infos])
+
+
+def _dense_tiles(values: np.ndarray) -> np.ndarray:
+    """[n, k] 2-byte values in tiles: groups of DENSE_TILE_COLS columns (the last padded with
+    zeros), each as k / 16 runs of its columns' 16 values."""
+    n, k = values.shape
+    cols, tk = abi.DENSE_TILE_COLS, abi.DENSE_TILE_K
+    padded = np.zeros((-(-n // cols) * cols, k), dtype=values.dtype)
+    padded[:n] = values
+    tiles = padded.reshape(-1, cols, k // tk, tk).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(tiles).reshape(-1, k)
 
 
 def _pack_groups(infos: list) -> list[tuple[list, object]]:

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "half.h"
 #include "kv_rows.h"
 #include "pool.h"
 #include "recurrent.h"
@@ -114,10 +115,141 @@ void quantize(const float* x, int n_rows, int k, vector<uint8_t>& acts) {
     });
 }
 
+// Dense fp16/bf16 weights (forward.h) lie in tiles of LP_DENSE_TILE_COLS columns x 16 k: for
+// each group of 4 columns (the last padded with zeros), for each 16 k, the 4 columns' 16 values.
+// One row then reads a group's values in one sequential stream, which the hardware prefetches.
+constexpr int kTileCols = LP_DENSE_TILE_COLS, kTileK = 16;
+// Rows that share each widened value (dot_tile): 2 x 4 x 2 accumulators fit AVX-512's 32 registers.
+constexpr int kTileRows = 2;
+
+inline const uint16_t* dense_tile(const LpLinearPart& part, int group) {
+    return (const uint16_t*)part.dense + (int64_t)group * kTileCols * part.w.k;
+}
+
+inline float widen1(int format, uint16_t h) {
+    if (format == LP_DENSE_F16) return lp::half_to_float(h);
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// Column c of a dense fp16 or bf16 weight as float32 (exact conversions) into `out`.
+void widen_column(const LpLinearPart& part, int c, float* out) {
+    const int k = part.w.k, format = part.w.format;
+    const uint16_t* src = dense_tile(part, c / kTileCols) + (c % kTileCols) * kTileK;
+    for (int i = 0; i < k; i += kTileK, src += kTileCols * kTileK) {
+        int t = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+        for (; t < kTileK; t += 8) {
+            __m128i h = _mm_loadu_si128((const __m128i*)(src + t));
+            __m256 v = format == LP_DENSE_BF16
+                           ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                           : _mm256_cvtph_ps(h);
+            _mm256_storeu_ps(out + i + t, v);
+        }
+#endif
+        for (; t < kTileK; t++) out[i + t] = widen1(format, src[t]);
+    }
+}
+
+#if defined(__AVX2__) && defined(__F16C__)
+template <int FORMAT>
+inline __m256 widen8(const uint16_t* p) {
+    __m128i h = _mm_loadu_si128((const __m128i*)p);
+    if (FORMAT == LP_DENSE_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+// dot(x row r, column j widened) for R rows (at stride k) and the 4 columns of one tile group, in
+// dot()'s order for each pair (two 8-lane accumulators over 16 k at a time, then its final tree; k
+// is a multiple of 16, so no tail): the rows share each widened value.
+template <int FORMAT, int R>
+void dot_tile(const float* x, const uint16_t* tile, int k, float* out /* [R][4] */) {
+    __m256 a0[R][kTileCols], a1[R][kTileCols];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < kTileCols; j++) a0[r][j] = a1[r][j] = _mm256_setzero_ps();
+    for (int i = 0; i < k; i += kTileK, tile += kTileCols * kTileK) {
+        __m256 x0[R], x1[R];
+        for (int r = 0; r < R; r++) {
+            x0[r] = _mm256_loadu_ps(x + (int64_t)r * k + i);
+            x1[r] = _mm256_loadu_ps(x + (int64_t)r * k + i + 8);
+        }
+        for (int j = 0; j < kTileCols; j++) {
+            __m256 w0 = widen8<FORMAT>(tile + kTileK * j), w1 = widen8<FORMAT>(tile + kTileK * j + 8);
+            for (int r = 0; r < R; r++) {
+                a0[r][j] = _mm256_fmadd_ps(x0[r], w0, a0[r][j]);
+                a1[r][j] = _mm256_fmadd_ps(x1[r], w1, a1[r][j]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < kTileCols; j++) {
+            __m256 acc = _mm256_add_ps(a0[r][j], a1[r][j]);
+            __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+            s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            s = _mm_add_ss(s, _mm_movehdup_ps(s));
+            out[r * kTileCols + j] = _mm_cvtss_f32(s);
+        }
+}
+
+template <int R>
+inline void dot_tile_as(int format, const float* x, const uint16_t* tile, int k, float* out) {
+    if (format == LP_DENSE_BF16)
+        dot_tile<LP_DENSE_BF16, R>(x, tile, k, out);
+    else
+        dot_tile<LP_DENSE_F16, R>(x, tile, k, out);
+}
+
+// Each tile group straight from its fp16/bf16 values (no buffer), for blocks of rows: a group
+// (4 columns) stays in L1 while the block's rows read it.
+void dense_half_tiles(const LpLinearPart& part, const float* x, int n_rows, float* y, int64_t ldy, int begin,
+                      int end) {
+    const int k = part.w.k;
+    const int rows_per_block = 32;  // x's rows that stay in L2 while the chunk's groups pass
+    for (int r0 = 0; r0 < n_rows; r0 += rows_per_block) {
+        int r1 = std::min(n_rows, r0 + rows_per_block);
+        for (int c = begin; c < end; c += kTileCols) {
+            const uint16_t* tile = dense_tile(part, c / kTileCols);
+            for (int r = r0; r < r1;) {
+                const int rows = r + kTileRows <= r1 ? kTileRows : 1;
+                float out[kTileRows * kTileCols];
+                if (rows == kTileRows)
+                    dot_tile_as<kTileRows>(part.w.format, x + (int64_t)r * k, tile, k, out);
+                else
+                    dot_tile_as<1>(part.w.format, x + (int64_t)r * k, tile, k, out);
+                for (int i = 0; i < rows; i++, r++)
+                    for (int j = 0; j < kTileCols && c + j < end; j++) y[(int64_t)r * ldy + c + j] = out[i * kTileCols + j];
+            }
+        }
+    }
+}
+#endif
+
+// y[r, c] = dot(x row r, column c) for the chunk's columns: float32 columns read in place, fp16 and
+// bf16 ones widened exactly (on the fly from the tiles; builds without F16C into a buffer, once
+// per block of rows), so every format, build and row count adds in dot()'s one order.
 void dense_columns(const LpLinearPart& part, const float* x, int n_rows, float* y, int64_t ldy, int begin, int end) {
-    int k = part.w.k;
-    for (int r = 0; r < n_rows; r++)
-        for (int c = begin; c < end; c++) y[(int64_t)r * ldy + c] = dot(x + (int64_t)r * k, part.dense + (int64_t)c * k, k);
+    const int k = part.w.k;
+    if (part.w.format == LP_DENSE_F32) {
+        const float* w = (const float*)part.dense;
+        for (int r = 0; r < n_rows; r++)
+            for (int c = begin; c < end; c++) y[(int64_t)r * ldy + c] = dot(x + (int64_t)r * k, w + (int64_t)c * k, k);
+        return;
+    }
+#if defined(__AVX2__) && defined(__F16C__)
+    return dense_half_tiles(part, x, n_rows, y, ldy, begin, end);
+#endif
+    thread_local vector<float> column;
+    float* wide = grow(column, (size_t)k);
+    const int rows_per_block = 16;  // x's rows that stay in cache while a column is reused
+    for (int r0 = 0; r0 < n_rows; r0 += rows_per_block) {
+        int r1 = std::min(n_rows, r0 + rows_per_block);
+        for (int c = begin; c < end; c++) {
+            widen_column(part, c, wide);
+            for (int r = r0; r < r1; r++) y[(int64_t)r * ldy + c] = dot(x + (int64_t)r * k, wide, k);
+        }
+    }
 }
 
 // Room for n_rows quantized rows of width k.
@@ -824,7 +956,10 @@ int32_t check_linear(const LpLinear& lin, const char* name, int64_t k, int64_t n
         bool packed = part.dense == nullptr;
         if (part.w.k != k || part.w.n < 0 || (packed && (!part.w.data || k % 32 != 0)) ||
             (packed && part.w.format != LP_W4 && part.w.format != LP_W8 && part.w.format != LP_W8_32 &&
-             part.w.format != LP_W6))
+             part.w.format != LP_W6) ||
+            (!packed && part.w.format != LP_DENSE_F32 && part.w.format != LP_DENSE_F16 &&
+             part.w.format != LP_DENSE_BF16) ||
+            (!packed && part.w.format != LP_DENSE_F32 && k % 16 != 0))
             return lp::fail(LP_ERR_MODEL, "%s: part %d (format %d, %d x %d, %s) does not take %lld inputs", name, p,
                             part.w.format, part.w.n, part.w.k, packed ? "packed" : "dense", (long long)k);
         sum += part.w.n;

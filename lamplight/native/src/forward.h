@@ -24,10 +24,15 @@ enum {
     LP_PROFILE_PHASES = 10      // phases lp_profile times
 };
 
-// One weight of a linear layer: packed (w.format != 0) or dense float32 [w.n, w.k] (`dense`).
+// One weight of a linear layer: packed (`dense` null, w.format one of qmatmul.h's) or dense at
+// `dense`, its values as w.format says: float32 [w.n, w.k], or the fp16 or bf16 values a GGUF file
+// stores (half the bytes to read; each converts exactly, so a row's bits are the float32 ones) in
+// tiles: for each group of LP_DENSE_TILE_COLS columns (the last padded with zero columns), for
+// each 16 k (w.k a multiple of 16), the group's columns' 16 values in column order.
+enum { LP_DENSE_F32 = 0, LP_DENSE_F16 = 32, LP_DENSE_BF16 = 33, LP_DENSE_TILE_COLS = 4 };
 typedef struct LpLinearPart {
     lp_qweight w;
-    const float* dense;
+    const void* dense;
 } LpLinearPart;
 
 // A LoRA adapter on some output columns of a linear: y[out_offset + c] += s * B (A x), with
