@@ -72,6 +72,7 @@ class NativeRunner(ModelRunner):
         self._packed: dict[tuple[str, ...], list] = {}  # packed parts by weight names (kept across rebuilds)
         self._kv_desc: tuple[KVPool, abi.KV] | None = None  # (the pool, its description)
         self._state_desc: tuple[RecurrentPool, abi.States] | None = None  # likewise for recurrent state
+        self._n_recurrent: int | None = None
         self.handle = None
         self._rebuild()
         lib.lp_set_threads(torch.get_num_threads())  # -t sets torch's count before loading
@@ -404,7 +405,9 @@ class NativeRunner(ModelRunner):
 
     @property
     def _recurrent_layers(self) -> int:
-        return len(self.spec.state_spec.recurrent)
+        if self._n_recurrent is None:  # the spec's state_spec is built anew on each read
+            self._n_recurrent = len(self.spec.state_spec.recurrent)
+        return self._n_recurrent
 
     def _states(self, batch: ForwardBatch, pool: RecurrentPool | None) -> abi.States:
         """The recurrent pool's description with this step's row slots; each chunk's start is
