@@ -519,11 +519,9 @@ void attend_rows(const LpConfig& c, const float* q, const float* keys, const flo
         score_keys(q + i * dk, keys, n, dk, c.attn_scale, s, zeros);
         if (c.attn_softcap > 0.0f)
             for (int64_t j = 0; j < n; j++) s[j] = std::tanh(s[j] / c.attn_softcap) * c.attn_softcap;
-        float mx = sinks ? sinks[i] : -INFINITY;
-        for (int64_t j = 0; j < n; j++) mx = std::max(mx, s[j]);
+        float mx = std::max(sinks ? sinks[i] : -INFINITY, lp::max_of(s, n));
         for (int64_t j = 0; j < n; j++) s[j] = exp_approx(s[j] - mx);
-        float sum = 0.0f;
-        for (int64_t j = 0; j < n; j++) sum += s[j];
+        float sum = lp::sum_of(s, n);
         if (sinks) sum += exp_approx(sinks[i] - mx);
         weigh_values(s, values, n, dv, 1.0f / sum, out + (int64_t)i * dv);
     }

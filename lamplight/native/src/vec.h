@@ -46,6 +46,40 @@ inline float dot(const float* a, const float* b, int n) {
     return sum;
 }
 
+// The largest of x[0..n) (exact in any order; a NaN may or may not win, as with std::max).
+inline float max_of(const float* x, int64_t n) {
+    float mx = -INFINITY;
+    int64_t i = 0;
+#if defined(__AVX2__)
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, m);
+    for (int l = 0; l < 8; l++) mx = std::max(mx, lanes[l]);
+#endif
+    for (; i < n; i++) mx = std::max(mx, x[i]);
+    return mx;
+}
+
+// x[0..n) summed in one fixed order in every build: eight lanes (lane l takes i = l mod 8 of each
+// whole 8), then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), then the tail in order. A sequential sum
+// waits on each add; this one does not.
+inline float sum_of(const float* x, int64_t n) {
+    int64_t i = 0;
+    float lanes[8] = {0};
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + i));
+    _mm256_storeu_ps(lanes, acc);
+#else
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) lanes[l] += x[i + l];
+#endif
+    float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    for (; i < n; i++) sum += x[i];
+    return sum;
+}
+
 inline void rms_norm(const float* x, const float* w, float eps, int n, float* out) {
     float mean = dot(x, x, n) / (float)n;
     float scale = 1.0f / std::sqrt(mean + eps);
