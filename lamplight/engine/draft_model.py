@@ -146,7 +146,7 @@ class DraftModel:
             if not chunks:
                 return drafting
             logits = self.runner.run(chunks, self.state)
-            drafting.extend(job for job, row in zip(last, logits) if self._take(job, row))
+            drafting.extend(job for i, job in enumerate(last) if self._take(job, logits[i]))
 
     def _draft_step(self, jobs: list[_Job]) -> list[_Job]:
         """Read each job's last drafted token; the jobs that drafted one more and may go on."""
@@ -158,16 +158,19 @@ class DraftModel:
             job.read.tokens.append(token)
             job.read.table.num_tokens = pos + 1
         logits = self.runner.run(chunks, self.state)
-        return [job for job, row in zip(jobs, logits) if self._take(job, row)]
+        return [job for i, job in enumerate(jobs) if self._take(job, logits[i])]
 
     def _take(self, job: _Job, logits: torch.Tensor) -> bool:
         """Draft the likeliest token of `logits` unless its probability among the TOP_K likeliest
         is under p_min or the model has no such token; whether the job may draft another."""
-        top = torch.topk(logits.float(), min(TOP_K, logits.shape[-1]))
-        token = int(top.indices[0])
+        if self.sizes.p_min > 0:
+            top = torch.topk(logits.float(), min(TOP_K, logits.shape[-1]))
+            token = int(top.indices[0])
+            if float(torch.softmax(top.values, dim=-1)[0]) < self.sizes.p_min:
+                return False
+        else:  # the likeliest token is all it takes (numpy's argmax: a tenth of topk's time)
+            token = int(logits.float().numpy().argmax()) if logits.device.type == "cpu" else int(logits.argmax())
         if token >= self.target_vocab:
-            return False
-        if self.sizes.p_min > 0 and float(torch.softmax(top.values, dim=-1)[0]) < self.sizes.p_min:
             return False
         job.draft.append(token)
         return len(job.draft) < job.limit
