@@ -7,8 +7,8 @@ import pytest
 
 from lamplight.speculative import SpecConfig, SpecRequest, SpeculatorFactory, parse_kinds
 from lamplight.speculative.config import NgramMapSizes, NgramModSizes, spec_config
-from lamplight.speculative.speculator import DraftCap
-from lamplight.speculative.ngram import NgramMap, NgramMod, NgramModTable, NgramSimple, TokenHistory
+from lamplight.speculative.speculator import DraftCap, Speculator
+from lamplight.speculative.ngram import Drafter, NgramMap, NgramMod, NgramModTable, NgramSimple, TokenHistory
 
 TEXT = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
 
@@ -124,6 +124,45 @@ def test_the_draft_cap_follows_the_sequences_acceptance():
     assert len(speculator.draft(tokens, 64)) == 8
     speculator.accepted(8, 1)
     assert len(speculator.draft(tokens, 64)) == 3
+
+
+class FixedModelDrafter(Drafter):
+    kind = "draft-simple"
+
+    def _draft(self, limit: int) -> list[int]:
+        return [7] * limit
+
+
+def test_draft_model_drafts_rejected_whole_pause_drafting_longer_each_time():
+    """A draft model's draft with nothing accepted pauses drafting 1 step, the next such 2, then
+    4 ... up to PAUSE_MOST; an accepted token drafts on at once and starts the pauses over. The
+    n-gram kinds (whose drafts cost only their rows) never pause."""
+    ngram = SpeculatorFactory(SpecConfig(kinds=("ngram-simple",), ngram_simple=NgramMapSizes(size_n=1, size_m=10))
+                              ).build(None)
+    tokens = [0] + list(range(1, 30)) + [1]
+    for _ in range(3):
+        assert ngram.draft(tokens, 64)
+        ngram.accepted(2, 0)
+    speculator = Speculator([FixedModelDrafter()])
+
+    def steps_until_a_draft() -> int:
+        for waited in range(200):
+            if speculator.limit(64) > 0:
+                assert speculator.draft(tokens, 64)
+                return waited
+            assert speculator.draft(tokens, 64) == []
+        raise AssertionError("no draft in 200 steps")
+
+    assert steps_until_a_draft() == 0
+    pauses = []
+    for _ in range(9):
+        speculator.accepted(2, 0)
+        pauses.append(steps_until_a_draft())
+    assert pauses == [1, 2, 4, 8, 16, 32, 64, 64, 64]
+    speculator.accepted(2, 1)  # agreed once: no pause, and the next rejection pauses 1 step again
+    assert steps_until_a_draft() == 0
+    speculator.accepted(2, 0)
+    assert steps_until_a_draft() == 1
 
 
 def test_request_fields_choose_kinds_and_bound_drafts():

@@ -11,15 +11,34 @@ from .ngram import Drafter, NgramMap, NgramMod, NgramModTable, NgramSimple
 class DraftCap:
     """How many tokens a sequence's next draft may have: every verified row costs a share of a
     step whether or not it is accepted, so a sequence whose drafts are rejected drafts little,
-    and one whose drafts are accepted whole doubles its cap (up to the kind's own size).
-    It reads only the sequence's own results, and drafts never change tokens anyway."""
+    and one whose drafts are accepted whole doubles its cap (up to the kind's own size). A draft
+    model's draft rejected whole (each costs the draft model's forwards, not only rows) pauses
+    drafting for 1 step, then 2, 4, ... up to PAUSE_MOST while they keep failing, so a draft model
+    that never agrees costs little; an accepted token ends that. It reads only the sequence's own
+    results, and drafts never change tokens anyway."""
 
     START, LEAST, MOST = 8, 2, 1024
+    PAUSE_MOST = 64
 
     def __init__(self):
         self.value = self.START
+        self.pause = 0  # steps left without a draft
+        self._pause_length = 0
 
-    def update(self, drafted: int, accepted: int) -> None:
+    @property
+    def paused(self) -> bool:
+        return self.pause > 0
+
+    def tick(self) -> None:
+        """A step passed without a draft."""
+        self.pause = max(0, self.pause - 1)
+
+    def update(self, drafted: int, accepted: int, may_pause: bool = False) -> None:
+        if may_pause and drafted > 0 and accepted == 0:
+            self._pause_length = min(max(1, 2 * self._pause_length), self.PAUSE_MOST)
+            self.pause = self._pause_length
+        elif accepted > 0:
+            self._pause_length = 0
         if accepted == drafted:
             self.value = min(self.value * 2, self.MOST) if drafted >= self.value else self.value
         else:
@@ -46,7 +65,10 @@ class Speculator:
             drafter.reset(tokens)
 
     def limit(self, limit: int) -> int:
-        """The most tokens the next draft may have, within `limit`: the cap and the request's n_max."""
+        """The most tokens the next draft may have, within `limit`: the cap and the request's n_max
+        (0 while the cap pauses drafting)."""
+        if self.cap.paused:
+            return 0
         limit = min(limit, self.cap.value)
         return limit if self.n_max is None else min(limit, self.n_max)
 
@@ -58,6 +80,9 @@ class Speculator:
     def draft(self, tokens: list[int], limit: int) -> list[int]:
         """At most `limit` tokens to verify after `tokens` (whose last is not yet computed)."""
         self.last = None
+        if self.cap.paused:
+            self.cap.tick()
+            return []
         limit = self.limit(limit)
         if limit <= 0:
             return []
@@ -72,7 +97,7 @@ class Speculator:
 
     def accepted(self, n_drafted: int, n_accepted: int) -> None:
         """The last draft's `n_drafted` tokens were verified, the first `n_accepted` accepted."""
-        self.cap.update(n_drafted, n_accepted)
+        self.cap.update(n_drafted, n_accepted, may_pause=self.last is not None and self.last.kind == DRAFT_MODEL_KIND)
         if self.last is not None:
             self.last.accepted(n_accepted)
 
