@@ -188,6 +188,10 @@ def test_the_server_loads_a_draft_model_that_fits_and_refuses_one_that_does_not(
     finally:
         running.stop()
         engine.stop()
+    for missing in (tmp_path / "none.gguf", tmp_path):  # no file, a folder: named as the draft model's problem
+        options = EngineOptions(speculative=SpecConfig(kinds=("draft-simple",), draft_model=str(missing)))
+        with pytest.raises(StartupError, match=f"-md {missing}: "):
+            load_model(str(files["model"].path), options)
     n_vocab = len(Tokenizer.from_gguf(files["model"]).vocab.tokens)
     other_vocab = write_tiny_llama(tmp_path / "other_vocab.gguf", controls=[f"<|x{i}|>" for i in range(200)])
     options = EngineOptions(speculative=SpecConfig(kinds=("draft-simple",), draft_model=str(other_vocab)))

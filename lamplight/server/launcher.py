@@ -92,11 +92,12 @@ def load_draft_model(loaded: Any, path: str | None, backend: str, say: Callable[
         return None
     import lamplight
     from lamplight.gguf.file import GGUFError
+    from lamplight.sources import ModelSourceError
     from lamplight.speculative.compat import vocab_mismatch
 
     try:
         draft = lamplight.load(path, backend=backend)
-    except (GGUFError, OSError, ValueError) as exc:
+    except (GGUFError, ModelSourceError, OSError, ValueError) as exc:
         raise StartupError(f"-md {path}: {exc}") from exc
     problem = vocab_mismatch(loaded.tokenizer, draft.tokenizer)
     if problem is not None:
