@@ -123,6 +123,8 @@ def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
 
 _ngram_size, _ngram_count = int_in(1, NGRAM_SIZE_LIMIT), int_in(0, NGRAM_SIZE_LIMIT)
 
+_min_hits, _non_negative = int_in(1), int_in(0)
+
 
 @_checked
 def _probability(text: str) -> float:
@@ -130,9 +132,6 @@ def _probability(text: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"must be between 0 and 1, got {value:g}")
     return value
-
-
-_min_hits, _non_negative = int_in(1), int_in(0)
 
 
 @_checked

@@ -126,33 +126,6 @@ inline const uint16_t* dense_tile(const LpLinearPart& part, int group) {
     return (const uint16_t*)part.dense + (int64_t)group * kTileCols * part.w.k;
 }
 
-inline float widen1(int format, uint16_t h) {
-    if (format == LP_DENSE_F16) return lp::half_to_float(h);
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
-
-// Column c of a dense fp16 or bf16 weight as float32 (exact conversions) into `out`.
-void widen_column(const LpLinearPart& part, int c, float* out) {
-    const int k = part.w.k, format = part.w.format;
-    const uint16_t* src = dense_tile(part, c / kTileCols) + (c % kTileCols) * kTileK;
-    for (int i = 0; i < k; i += kTileK, src += kTileCols * kTileK) {
-        int t = 0;
-#if defined(__AVX2__) && defined(__F16C__)
-        for (; t < kTileK; t += 8) {
-            __m128i h = _mm_loadu_si128((const __m128i*)(src + t));
-            __m256 v = format == LP_DENSE_BF16
-                           ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
-                           : _mm256_cvtph_ps(h);
-            _mm256_storeu_ps(out + i + t, v);
-        }
-#endif
-        for (; t < kTileK; t++) out[i + t] = widen1(format, src[t]);
-    }
-}
-
 #if defined(__AVX2__) && defined(__F16C__)
 template <int FORMAT>
 inline __m256 widen8(const uint16_t* p) {
@@ -201,8 +174,9 @@ inline void dot_tile_as(int format, const float* x, const uint16_t* tile, int k,
         dot_tile<LP_DENSE_F16, R>(x, tile, k, out);
 }
 
-// Each tile group straight from its fp16/bf16 values (no buffer), for blocks of rows: a group
-// (4 columns) stays in L1 while the block's rows read it.
+// y's fp16/bf16 columns [begin, end) for n_rows rows. With F16C: each tile group straight from its
+// values (no buffer), for blocks of rows, a group (4 columns) staying in L1 while the block's rows
+// read it.
 void dense_half_tiles(const LpLinearPart& part, const float* x, int n_rows, float* y, int64_t ldy, int begin,
                       int end) {
     const int k = part.w.k;
@@ -224,6 +198,38 @@ void dense_half_tiles(const LpLinearPart& part, const float* x, int n_rows, floa
         }
     }
 }
+#else
+inline float widen1(int format, uint16_t h) {
+    if (format == LP_DENSE_F16) return lp::half_to_float(h);
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// Column c of a dense fp16 or bf16 weight as float32 (exact conversions) into `out`: the builds
+// without F16C widen a column once for a block of rows.
+void widen_column(const LpLinearPart& part, int c, float* out) {
+    const int k = part.w.k, format = part.w.format;
+    const uint16_t* src = dense_tile(part, c / kTileCols) + (c % kTileCols) * kTileK;
+    for (int i = 0; i < k; i += kTileK, src += kTileCols * kTileK)
+        for (int t = 0; t < kTileK; t++) out[i + t] = widen1(format, src[t]);
+}
+
+void dense_half_tiles(const LpLinearPart& part, const float* x, int n_rows, float* y, int64_t ldy, int begin,
+                      int end) {
+    const int k = part.w.k;
+    thread_local vector<float> column;
+    float* wide = grow(column, (size_t)k);
+    const int rows_per_block = 16;  // x's rows that stay in cache while a column is reused
+    for (int r0 = 0; r0 < n_rows; r0 += rows_per_block) {
+        int r1 = std::min(n_rows, r0 + rows_per_block);
+        for (int c = begin; c < end; c++) {
+            widen_column(part, c, wide);
+            for (int r = r0; r < r1; r++) y[(int64_t)r * ldy + c] = dot(x + (int64_t)r * k, wide, k);
+        }
+    }
+}
 #endif
 
 // y[r, c] = dot(x row r, column c) for the chunk's columns: float32 columns read in place, fp16 and
@@ -237,19 +243,7 @@ void dense_columns(const LpLinearPart& part, const float* x, int n_rows, float* 
             for (int c = begin; c < end; c++) y[(int64_t)r * ldy + c] = dot(x + (int64_t)r * k, w + (int64_t)c * k, k);
         return;
     }
-#if defined(__AVX2__) && defined(__F16C__)
-    return dense_half_tiles(part, x, n_rows, y, ldy, begin, end);
-#endif
-    thread_local vector<float> column;
-    float* wide = grow(column, (size_t)k);
-    const int rows_per_block = 16;  // x's rows that stay in cache while a column is reused
-    for (int r0 = 0; r0 < n_rows; r0 += rows_per_block) {
-        int r1 = std::min(n_rows, r0 + rows_per_block);
-        for (int c = begin; c < end; c++) {
-            widen_column(part, c, wide);
-            for (int r = r0; r < r1; r++) y[(int64_t)r * ldy + c] = dot(x + (int64_t)r * k, wide, k);
-        }
-    }
+    dense_half_tiles(part, x, n_rows, y, ldy, begin, end);
 }
 
 // Room for n_rows quantized rows of width k.
