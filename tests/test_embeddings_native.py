@@ -1,7 +1,8 @@
 """Embeddings on the native forward (lamplight.native: the final-normed hidden states of every
 row instead of logits): the decoder cases of the reference set within llama.cpp's bound, an
 input's vector independent of its batch bit for bit, and an embedder computing on the served
-model's own runner (no second copy of the weights) with the same vectors."""
+model's own runner (no second copy of the weights) with the same vectors. The encoders' quantized
+linears on the native integer kernels: within the same bound, batch-invariant too."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ import lamplight
 from lamplight.embeddings import Pooling, load_embedder
 from lamplight.embeddings.decoders import ServedRunner, why_not_shared
 from lamplight.models.batch import SequenceChunk
+from lamplight.embeddings.encoder import Linear
 from lamplight.native import runtime
+from lamplight.native.linear import NativeLinear
 
 pytestmark = pytest.mark.skipif(runtime.library() is None, reason="no native library on this machine")
 
@@ -41,6 +44,48 @@ def test_native_vectors_match_llama_cpp(model, row):
         assert np.abs(m - g).max() <= bound, (i, np.abs(m - g).max(), bound)
         if embedder.pooling is not Pooling.NONE:
             assert _cosine(m, g) >= 0.999, i
+
+
+@pytest.mark.parametrize("model,row", [p for m in ("bert", "nomic-bert")
+                                       for p in reference_params(f"embeddings/{m}.jsonl", _main_requests(m))])
+def test_native_encoder_vectors_match_llama_cpp(model, row):
+    """The tiny files cycle their linears through F32, F16, Q8_0, Q4_0 and Q4_1: the quantized
+    ones run on the integer kernels, the others on PyTorch's float32 matmul."""
+    embedder = _embedder(model, _pooling_flag(row))
+    layers = embedder.body.layers
+    linears = [lin for layer in layers for lin in (layer.qkv, layer.wo, layer.up, layer.down, layer.gate) if lin]
+    assert any(isinstance(lin, NativeLinear) for lin in linears) and any(isinstance(lin, Linear) for lin in linears)
+    assert embedder.kernels.startswith("native") and "Q8_0" in embedder.kernels and "F16" in embedder.kernels
+    bounds = [2e-4 + 2 * f for f in row["fp32_weights_diff"]]
+    for i, (m, g, bound) in enumerate(zip(embedder.embed(row["tokens"]), _vectors(row), bounds)):
+        assert m.shape == g.shape, i
+        assert np.abs(m - g).max() <= bound, (i, np.abs(m - g).max(), bound)
+        if embedder.pooling is not Pooling.NONE:
+            assert _cosine(m, g) >= 0.999, i
+
+
+def test_native_encoder_rerank_scores_match_llama_cpp():
+    """The README's bound is a float engine's (llama.cpp's own quantization noise on each score,
+    twice); 8-bit activations add noise of their own, as llama.cpp's do, but another draw of it:
+    here it is at most llama.cpp's largest on the run (against the float32 reference), so a score
+    is within llama.cpp's noise on it plus that."""
+    (row,) = [r for r in load_jsonl("embeddings/bert-rerank.jsonl") if r["case"] == "rerank_jina"]
+    embedder = _embedder("bert-rerank", None)
+    assert embedder.kernels.startswith("native")
+    query, documents = row["request"]["query"], row["request"]["documents"]
+    scores = embedder.rerank(query, documents)
+    exact = load_embedder(reference_path("embeddings/bert-rerank.gguf"), n_ctx=SLOT_CTX).rerank(query, documents)
+    gold = {item["index"]: item["relevance_score"] for item in row["response"]["results"]}
+    largest = max(row["fp32_weights_diff"])
+    for i, (score, noise) in enumerate(zip(scores, row["fp32_weights_diff"])):
+        assert abs(score - exact[i]) <= largest, (i, score, exact[i])
+        assert abs(score - gold[i]) <= 2e-4 + noise + largest, (i, score, gold[i])
+
+
+def test_an_encoder_without_quantized_weights_stays_on_pytorch():
+    embedder = _embedder("bert-f32", None)
+    assert embedder.kernels == "pytorch float32 encoder"
+    assert not any(isinstance(lin, NativeLinear) for layer in embedder.body.layers for lin in (layer.qkv, layer.up))
 
 
 def test_gemma_embedding_stays_on_pytorch():
@@ -88,7 +133,8 @@ def _mixed_batch(embedder, target: list[int]) -> list[list[int]]:
     return batch + [[7], list(target)]
 
 
-@pytest.mark.parametrize("model,pooling", [("qwen3-embed", None), ("qwen3-embed", "mean"), ("qwen3-rerank", None)])
+@pytest.mark.parametrize("model,pooling", [("qwen3-embed", None), ("qwen3-embed", "mean"), ("qwen3-rerank", None),
+                                           ("bert", None), ("bert", "none"), ("nomic-bert", None), ("bert-rerank", None)])
 def test_a_native_vector_does_not_depend_on_the_batch(model, pooling):
     embedder = _embedder(model, pooling)
     target = embedder.tokenize("the cat sat on the mat.")

@@ -20,7 +20,7 @@ from lamplight.gguf.file import GGUFFile
 from lamplight.models.batch import SequenceChunk, build_forward_batch
 from lamplight.models.spec import ExpertsSpec
 from lamplight.native import build, runtime
-from lamplight.native import runner as native_runner
+from lamplight.native import linear as native_linear
 from lamplight.native.runner import NativeRunner
 from lamplight.state import ModelState
 
@@ -163,7 +163,7 @@ def test_half_precision_weights_are_read_as_stored_and_give_the_float32_bits(tmp
         cache = _cache(model)
         results[variant] = _run(runner, steps(cache), cache)
         bytes_read[variant] = runner.weight_bytes()
-    monkeypatch.setattr(native_runner, "_DENSE_FORMATS", {})
+    monkeypatch.setattr(native_linear, "_DENSE_FORMATS", {})
     wide = _native(model)
     assert wide.kinds == ["f32"] and wide.weight_bytes() > 1.5 * bytes_read[VARIANTS[0]]
     cache = _cache(model)

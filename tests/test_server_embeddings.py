@@ -59,10 +59,10 @@ def test_an_encoder_serves_vectors_alone(bert):
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
     texts = ["the quick brown fox", "Hello, World!", "a"]
     served = client.embeddings.create(model="bert", input=texts)
-    expected = load_embedder(path).embed([load_embedder(path).tokenize(t) for t in texts])
+    expected = load_embedder(path, backend="fast").embed([load_embedder(path, backend="fast").tokenize(t) for t in texts])
     for item, vector in zip(served.data, expected):
         np.testing.assert_allclose(np.array(item.embedding, dtype=np.float32), vector, rtol=0, atol=1e-6)
-    assert served.usage.prompt_tokens == sum(len(load_embedder(path).tokenize(t)) for t in texts)
+    assert served.usage.prompt_tokens == sum(len(load_embedder(path, backend="fast").tokenize(t)) for t in texts)
 
 
 def test_an_encoder_cannot_generate_but_describes_itself(bert):
@@ -74,7 +74,7 @@ def test_an_encoder_cannot_generate_but_describes_itself(bert):
     for path in ("/health", "/v1/models", "/props", "/slots", "/api/tags"):
         assert httpx.get(f"{server.url}{path}", timeout=30).status_code in (200, 501), path
     native = httpx.post(f"{server.url}/embedding", json={"content": "hello"}, timeout=30).json()
-    embedder = load_embedder(bert[1])
+    embedder = load_embedder(bert[1], backend="fast")
     np.testing.assert_allclose(native[0]["embedding"][0], embedder.embed([embedder.tokenize("hello")])[0], atol=1e-6)
     assert httpx.post(f"{server.url}/rerank", json={"query": "a", "documents": ["b"]}).status_code == 501
     assert httpx.get(f"{server.url}/health").status_code == 200  # still serving
@@ -84,7 +84,7 @@ def test_ollama_embed_on_the_encoder(bert):
     server, path = bert
     client = ollama.Client(host=server.url)
     answer = client.embed(model="bert", input=["hello world", "goodbye"])
-    embedder = load_embedder(path)
+    embedder = load_embedder(path, backend="fast")
     expected = embedder.embed([embedder.tokenize(t) for t in ("hello world", "goodbye")])
     for served, vector in zip(answer.embeddings, expected):
         np.testing.assert_allclose(np.array(served, dtype=np.float32), vector, atol=1e-6)
@@ -127,7 +127,7 @@ def test_a_reranker_ranks(tmp_path):
         documents = ["a cat sat on the mat", "stock prices fell", "the cat is asleep"]
         answer = httpx.post(f"{server.url}/v1/rerank", json={"query": "cat", "documents": documents, "top_n": 2},
                             timeout=60).json()
-        embedder = load_embedder(path, pooling="rank")
+        embedder = load_embedder(path, pooling="rank", backend="fast")
         scores = embedder.rerank("cat", documents)
         assert [r["index"] for r in answer["results"]] == sorted(range(3), key=lambda i: -scores[i])[:2]
         for result in answer["results"]:

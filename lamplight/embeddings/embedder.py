@@ -92,7 +92,7 @@ class Embedder:
         self.architecture = gguf.architecture
         self.tokenizer = Tokenizer.from_gguf(gguf)
         if gguf.architecture in ENCODER_ARCHITECTURES:
-            self.body = Encoder(gguf)
+            self.body = Encoder(gguf, backend)
         else:
             self.body = DecoderBody(gguf, backend, served)
         # On a served runner a step holds up generation: steps of one micro-batch (llama-server's).

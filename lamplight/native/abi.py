@@ -297,6 +297,10 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.lp_forward_states.restype = c_int32
     lib.lp_forward_hidden.argtypes = [c_void_p, POINTER(Batch), POINTER(KV), POINTER(States), c_void_p]
     lib.lp_forward_hidden.restype = c_int32
+    lib.lp_linear.argtypes = [POINTER(Linear), c_void_p, c_int32, c_void_p]
+    lib.lp_linear.restype = c_int32
+    lib.lp_fp16_lookup.argtypes = [c_void_p, c_void_p, c_int64, ctypes.c_float, c_void_p]
+    lib.lp_fp16_lookup.restype = c_int32
     lib.lp_model_scratch_bytes.argtypes = [c_void_p]
     lib.lp_model_scratch_bytes.restype = c_int64
     lib.lp_profile.argtypes = [c_int32, POINTER(ctypes.c_double)]

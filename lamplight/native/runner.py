@@ -15,7 +15,6 @@ import ctypes
 import itertools
 
 import numpy as np
-from gguf import GGMLQuantizationType as Q
 import torch
 
 from ..gguf.file import TensorInfo
@@ -33,6 +32,7 @@ from ..state.kv_quant import KVQuant
 from ..state.recurrent import RecurrentPool
 from . import abi
 from .abi import NativeUnsupported
+from .linear import describe_linear, pack_groups
 
 # The gate/up combinations (lamplight.models.activations) the native forward computes. ggml's
 # fp16 GELU table (gemma2) is computed exactly instead of looked up: within fp16 rounding of it.
@@ -139,24 +139,10 @@ class NativeRunner(ModelRunner):
 
     def _linear(self, infos: tuple[TensorInfo, ...], bias: torch.Tensor | None = None) -> abi.Linear:
         """One native linear over weights reading the same input, outputs side by side."""
-        lin = abi.Linear()
         names = tuple(i.name for i in infos)
         if names not in self._packed:
-            self._packed[names] = _pack_groups(list(infos)) if self.packed else [([i], None) for i in infos]
-        groups = self._packed[names]
-        if len(groups) > abi.MAX_PARTS:
-            raise NativeUnsupported(f"more than {abi.MAX_PARTS} weights in one fused linear")
-        lin.n_parts = len(groups)
-        lin.n_out = sum(i.shape[0] for i in infos)
-        for part, (group_infos, packed) in zip(lin.parts, groups):
-            if packed is not None:
-                part.w.format, part.w.n, part.w.k = packed.format, packed.n, packed.k
-                part.w.data = self._hold(packed.data)
-            else:
-                fmt, weight = _dense(group_infos)
-                part.w.format, part.w.n, part.w.k = fmt, sum(i.shape[0] for i in group_infos), weight.shape[1]
-                part.dense = self._hold(weight)
-        lin.bias = self._hold(bias)
+            self._packed[names] = pack_groups(list(infos)) if self.packed else [([i], None) for i in infos]
+        lin = describe_linear(self._packed[names], bias, self._hold)
         self._attach_loras(lin, infos)
         return lin
 
@@ -450,46 +436,6 @@ class NativeRunner(ModelRunner):
         flags = np.zeros(embd.shape[0], dtype=np.uint8)
         flags[rows.numpy()] = 1
         return flags
-
-
-# Dense weights kept as the file stores them (the kernel widens them exactly): LP_DENSE_F16/_BF16.
-_DENSE_FORMATS = {Q.F16: (abi.DENSE_F16, np.float16), Q.BF16: (abi.DENSE_BF16, np.uint16)}
-
-
-def _dense(infos: list) -> tuple[int, torch.Tensor | np.ndarray]:
-    """A dense part's format and values: fp16 or bf16 as stored, in forward.h's tiles, when every
-    weight has that type (and k is a multiple of the tile's 16), else float32 [n, k]."""
-    kinds = {_DENSE_FORMATS.get(i.qtype) for i in infos}
-    k = infos[0].shape[1]
-    if len(kinds) == 1 and None not in kinds and k % abi.DENSE_TILE_K == 0:
-        fmt, dtype = kinds.pop()
-        values = np.concatenate([i.data.view(dtype).reshape(i.shape) for i in infos])
-        return fmt, _dense_tiles(values)
-    return abi.DENSE_F32, torch.cat([dequantize(i) for i in infos])
-
-
-def _dense_tiles(values: np.ndarray) -> np.ndarray:
-    """[n, k] 2-byte values in tiles: groups of DENSE_TILE_COLS columns (the last padded with
-    zeros), each as k / 16 runs of its columns' 16 values."""
-    n, k = values.shape
-    cols, tk = abi.DENSE_TILE_COLS, abi.DENSE_TILE_K
-    padded = np.zeros((-(-n // cols) * cols, k), dtype=values.dtype)
-    padded[:n] = values
-    tiles = padded.reshape(-1, cols, k // tk, tk).transpose(0, 2, 1, 3)
-    return np.ascontiguousarray(tiles).reshape(-1, k)
-
-
-def _pack_groups(infos: list) -> list[tuple[list, object]]:
-    """(infos, packed weight or None for dense float32) parts for weights read together: one
-    packed part if they share a format, else one part each."""
-    from . import pack
-
-    if len(infos) == 1 or not all(pack.can_pack(i.qtype) for i in infos):
-        return [([i], pack.pack(i) if pack.can_pack(i.qtype) else None) for i in infos]
-    try:
-        return [(infos, pack.pack_rows(infos))]
-    except ValueError:  # mixed formats (e.g. Q4_K Q/K with a Q6_K V): one part each
-        return [([i], pack.pack(i)) for i in infos]
 
 
 def _check_supported(spec: DecoderSpec) -> None:

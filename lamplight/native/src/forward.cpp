@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 
-#include "half.h"
 #include "kv_rows.h"
+#include "linear.h"
 #include "pool.h"
 #include "recurrent.h"
 #include "vec.h"
@@ -18,8 +18,14 @@
 
 namespace {
 
+using lp::acts_for;
+using lp::check_linear;
 using lp::dot;
 using lp::exp_approx;
+using lp::for_rows;
+using lp::grow;
+using lp::linear;
+using lp::quantize_row;
 using lp::load_kv;
 using lp::store_kv;
 using lp::rms_norm;
@@ -84,11 +90,6 @@ struct Model {
     lp::RecurrentStep recurrent;        // this step's runs and new recurrent states
 };
 
-template <class T>
-T* grow(vector<T>& v, size_t n) {
-    if (v.size() < n) v.resize(n);
-    return v.data();
-}
 
 // The config as one layer sees it: its own KV heads, head size, FFN width and rotated dims.
 const LpConfig& config_of(const Model& m, const LpLayer& layer) { return m.layer_cfg[&layer - m.layers.data()]; }
@@ -100,227 +101,6 @@ LpConfig layer_config(const LpConfig& c, const LpLayer& layer) {
     if (layer.n_ff) own.n_ff = layer.n_ff;
     if (layer.n_rot) own.n_rot = layer.n_rot;
     return own;
-}
-
-int64_t column_align(const LpLinearPart& part) { return part.dense ? 8 : lp_qweight_col_align(part.w.format); }
-
-// Quantized activations for `n_rows` rows of x (or nothing if every part is dense).
-void quantize(const float* x, int n_rows, int k, vector<uint8_t>& acts) {
-    size_t row_bytes = lp_qacts_row_bytes(k);
-    uint8_t* dst = grow(acts, row_bytes * (size_t)n_rows);
-    const int64_t rows_per_task = 8;
-    lp::parallel_for((n_rows + rows_per_task - 1) / rows_per_task, [&](int64_t task, int) {
-        int begin = (int)(task * rows_per_task), count = std::min<int>(rows_per_task, n_rows - begin);
-        lp_quantize_rows(x + (int64_t)begin * k, k, k, count, dst + row_bytes * begin);
-    });
-}
-
-// Dense fp16/bf16 weights (forward.h) lie in tiles of LP_DENSE_TILE_COLS columns x 16 k: for
-// each group of 4 columns (the last padded with zeros), for each 16 k, the 4 columns' 16 values.
-// One row then reads a group's values in one sequential stream, which the hardware prefetches.
-constexpr int kTileCols = LP_DENSE_TILE_COLS, kTileK = 16;
-// Rows that share each widened value (dot_tile): 2 x 4 x 2 accumulators fit AVX-512's 32 registers.
-constexpr int kTileRows = 2;
-
-inline const uint16_t* dense_tile(const LpLinearPart& part, int group) {
-    return (const uint16_t*)part.dense + (int64_t)group * kTileCols * part.w.k;
-}
-
-#if defined(__AVX2__) && defined(__F16C__)
-template <int FORMAT>
-inline __m256 widen8(const uint16_t* p) {
-    __m128i h = _mm_loadu_si128((const __m128i*)p);
-    if (FORMAT == LP_DENSE_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    return _mm256_cvtph_ps(h);
-}
-
-// dot(x row r, column j widened) for R rows (at stride k) and the 4 columns of one tile group, in
-// dot()'s order for each pair (two 8-lane accumulators over 16 k at a time, then its final tree; k
-// is a multiple of 16, so no tail): the rows share each widened value.
-template <int FORMAT, int R>
-void dot_tile(const float* x, const uint16_t* tile, int k, float* out /* [R][4] */) {
-    __m256 a0[R][kTileCols], a1[R][kTileCols];
-    for (int r = 0; r < R; r++)
-        for (int j = 0; j < kTileCols; j++) a0[r][j] = a1[r][j] = _mm256_setzero_ps();
-    for (int i = 0; i < k; i += kTileK, tile += kTileCols * kTileK) {
-        __m256 x0[R], x1[R];
-        for (int r = 0; r < R; r++) {
-            x0[r] = _mm256_loadu_ps(x + (int64_t)r * k + i);
-            x1[r] = _mm256_loadu_ps(x + (int64_t)r * k + i + 8);
-        }
-        for (int j = 0; j < kTileCols; j++) {
-            __m256 w0 = widen8<FORMAT>(tile + kTileK * j), w1 = widen8<FORMAT>(tile + kTileK * j + 8);
-            for (int r = 0; r < R; r++) {
-                a0[r][j] = _mm256_fmadd_ps(x0[r], w0, a0[r][j]);
-                a1[r][j] = _mm256_fmadd_ps(x1[r], w1, a1[r][j]);
-            }
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int j = 0; j < kTileCols; j++) {
-            __m256 acc = _mm256_add_ps(a0[r][j], a1[r][j]);
-            __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-            s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            s = _mm_add_ss(s, _mm_movehdup_ps(s));
-            out[r * kTileCols + j] = _mm_cvtss_f32(s);
-        }
-}
-
-template <int R>
-inline void dot_tile_as(int format, const float* x, const uint16_t* tile, int k, float* out) {
-    if (format == LP_DENSE_BF16)
-        dot_tile<LP_DENSE_BF16, R>(x, tile, k, out);
-    else
-        dot_tile<LP_DENSE_F16, R>(x, tile, k, out);
-}
-
-// y's fp16/bf16 columns [begin, end) for n_rows rows. With F16C: each tile group straight from its
-// values (no buffer), for blocks of rows, a group (4 columns) staying in L1 while the block's rows
-// read it.
-void dense_half_tiles(const LpLinearPart& part, const float* x, int n_rows, float* y, int64_t ldy, int begin,
-                      int end) {
-    const int k = part.w.k;
-    const int rows_per_block = 32;  // x's rows that stay in L2 while the chunk's groups pass
-    for (int r0 = 0; r0 < n_rows; r0 += rows_per_block) {
-        int r1 = std::min(n_rows, r0 + rows_per_block);
-        for (int c = begin; c < end; c += kTileCols) {
-            const uint16_t* tile = dense_tile(part, c / kTileCols);
-            for (int r = r0; r < r1;) {
-                const int rows = r + kTileRows <= r1 ? kTileRows : 1;
-                float out[kTileRows * kTileCols];
-                if (rows == kTileRows)
-                    dot_tile_as<kTileRows>(part.w.format, x + (int64_t)r * k, tile, k, out);
-                else
-                    dot_tile_as<1>(part.w.format, x + (int64_t)r * k, tile, k, out);
-                for (int i = 0; i < rows; i++, r++)
-                    for (int j = 0; j < kTileCols && c + j < end; j++) y[(int64_t)r * ldy + c + j] = out[i * kTileCols + j];
-            }
-        }
-    }
-}
-#else
-inline float widen1(int format, uint16_t h) {
-    if (format == LP_DENSE_F16) return lp::half_to_float(h);
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
-
-// Column c of a dense fp16 or bf16 weight as float32 (exact conversions) into `out`: the builds
-// without F16C widen a column once for a block of rows.
-void widen_column(const LpLinearPart& part, int c, float* out) {
-    const int k = part.w.k, format = part.w.format;
-    const uint16_t* src = dense_tile(part, c / kTileCols) + (c % kTileCols) * kTileK;
-    for (int i = 0; i < k; i += kTileK, src += kTileCols * kTileK)
-        for (int t = 0; t < kTileK; t++) out[i + t] = widen1(format, src[t]);
-}
-
-void dense_half_tiles(const LpLinearPart& part, const float* x, int n_rows, float* y, int64_t ldy, int begin,
-                      int end) {
-    const int k = part.w.k;
-    thread_local vector<float> column;
-    float* wide = grow(column, (size_t)k);
-    const int rows_per_block = 16;  // x's rows that stay in cache while a column is reused
-    for (int r0 = 0; r0 < n_rows; r0 += rows_per_block) {
-        int r1 = std::min(n_rows, r0 + rows_per_block);
-        for (int c = begin; c < end; c++) {
-            widen_column(part, c, wide);
-            for (int r = r0; r < r1; r++) y[(int64_t)r * ldy + c] = dot(x + (int64_t)r * k, wide, k);
-        }
-    }
-}
-#endif
-
-// y[r, c] = dot(x row r, column c) for the chunk's columns: float32 columns read in place, fp16 and
-// bf16 ones widened exactly (on the fly from the tiles; builds without F16C into a buffer, once
-// per block of rows), so every format, build and row count adds in dot()'s one order.
-void dense_columns(const LpLinearPart& part, const float* x, int n_rows, float* y, int64_t ldy, int begin, int end) {
-    const int k = part.w.k;
-    if (part.w.format == LP_DENSE_F32) {
-        const float* w = (const float*)part.dense;
-        for (int r = 0; r < n_rows; r++)
-            for (int c = begin; c < end; c++) y[(int64_t)r * ldy + c] = dot(x + (int64_t)r * k, w + (int64_t)c * k, k);
-        return;
-    }
-    dense_half_tiles(part, x, n_rows, y, ldy, begin, end);
-}
-
-// Room for n_rows quantized rows of width k.
-uint8_t* acts_for(vector<uint8_t>& acts, int n_rows, int k) { return grow(acts, lp_qacts_row_bytes(k) * (size_t)n_rows); }
-
-// Quantize row r of x [.., k] into its place in acts (sized by acts_for).
-void quantize_row(const float* x, int k, int r, uint8_t* acts) {
-    lp_quantize_rows(x + (int64_t)r * k, k, k, 1, acts + lp_qacts_row_bytes(k) * r);
-}
-
-// y [n_rows, lin.n_out] = x [n_rows, k] W^T (+ bias), columns split into tasks over the pool.
-// `quantized`: acts already holds x's quantized rows (the phase before wrote them row by row).
-void add_loras(const LpLinear& lin, const float* x, int n_rows, float* y, const float* scales);
-
-void linear(const LpLinear& lin, const float* x, int n_rows, float* y, vector<uint8_t>& acts, bool quantized = false,
-            const float* lora_scales = nullptr) {
-    int k = lin.parts[0].w.k;
-    bool any_packed = false;
-    for (int p = 0; p < lin.n_parts; p++) any_packed |= lin.parts[p].dense == nullptr;
-    if (any_packed && !quantized) quantize(x, n_rows, k, acts);
-    // Tasks: column chunks of every part, sized so each thread gets several (load balance) and
-    // each chunk is a multiple of the kernel's column group.
-    struct Chunk { int part, begin, end, offset; };
-    vector<Chunk> chunks;
-    int threads = lp::pool_threads();
-    int offset = 0;
-    for (int p = 0; p < lin.n_parts; p++) {
-        const LpLinearPart& part = lin.parts[p];
-        int64_t align = column_align(part);
-        int64_t target = std::max<int64_t>(align, (int64_t)part.w.n * lin.n_parts / (threads * 8 * lin.n_parts));
-        int64_t step = (target + align - 1) / align * align;
-        for (int64_t c = 0; c < part.w.n; c += step)
-            chunks.push_back({p, (int)c, (int)std::min<int64_t>(c + step, part.w.n), offset});
-        offset += part.w.n;
-    }
-    const int64_t ldy = lin.n_out;
-    lp::parallel_for((int64_t)chunks.size(), [&](int64_t task, int) {
-        const Chunk& ch = chunks[task];
-        const LpLinearPart& part = lin.parts[ch.part];
-        float* yp = y + ch.offset;
-        if (part.dense)
-            dense_columns(part, x, n_rows, yp, ldy, ch.begin, ch.end);
-        else
-            lp::qmatmul(&part.w, acts.data(), n_rows, yp, ldy, ch.begin, ch.end);
-        if (lin.bias)
-            for (int r = 0; r < n_rows; r++)
-                for (int c = ch.begin; c < ch.end; c++) yp[(int64_t)r * ldy + c] += lin.bias[ch.offset + c];
-    });
-    add_loras(lin, x, n_rows, y, lora_scales);
-}
-
-// Per-row work in tasks of a few rows.
-template <class F>
-void for_rows(int n_rows, F fn) {
-    const int64_t per_task = 4;
-    lp::parallel_for((n_rows + per_task - 1) / per_task, [&](int64_t task, int thread) {
-        int end = std::min<int>((int)(task * per_task + per_task), n_rows);
-        for (int r = (int)(task * per_task); r < end; r++) fn(r, thread);
-    });
-}
-
-// The step's LoRA deltas on y, row by row in a fixed order (float32, like the adapters).
-void add_loras(const LpLinear& lin, const float* x, int n_rows, float* y, const float* scales) {
-    if (!lin.n_loras || !scales) return;
-    int k = lin.parts[0].w.k;
-    for_rows(n_rows, [&](int r, int) {
-        const float* xr = x + (int64_t)r * k;
-        float* yr = y + (int64_t)r * lin.n_out;
-        for (int i = 0; i < lin.n_loras; i++) {
-            const LpLora& lora = lin.loras[i];
-            float s = scales[lora.adapter] * lora.factor;
-            if (s == 0.0f) continue;
-            float t[LP_MAX_LORA_RANK];
-            for (int j = 0; j < lora.rank; j++) t[j] = dot(xr, lora.a + (int64_t)j * k, k);
-            for (int c = 0; c < lora.n_out; c++) yr[lora.out_offset + c] += s * dot(lora.b + (int64_t)c * lora.rank, t, lora.rank);
-        }
-    });
 }
 
 void rope(float* x, const float* cos, const float* sin, int n_rot, bool neox) {
@@ -936,41 +716,6 @@ void forward(Model& m, const LpBatch& b, const LpKV& kv, float* logits, bool hid
 // read or write out of bounds with is an LP_ERR_* code and a message (lp_last_error), never a
 // stray access. The model once, in lp_model_new; each step's indices in lp_forward (integer
 // compares over the rows and the key slots they read, next to a step's matmuls: nothing).
-
-// A linear reading `k` inputs and writing `n_out` outputs: its parts and LoRA adapters add up
-// and stay within the forward's limits. Raises n_adapters to its adapters' largest index + 1.
-int32_t check_linear(const LpLinear& lin, const char* name, int64_t k, int64_t n_out, int32_t& n_adapters) {
-    if (lin.n_parts < 1 || lin.n_parts > LP_MAX_PARTS)
-        return lp::fail(LP_ERR_MODEL, "%s: %d parts (1 to %d)", name, lin.n_parts, LP_MAX_PARTS);
-    int64_t sum = 0;
-    for (int p = 0; p < lin.n_parts; p++) {
-        const LpLinearPart& part = lin.parts[p];
-        bool packed = part.dense == nullptr;
-        if (part.w.k != k || part.w.n < 0 || (packed && (!part.w.data || k % 32 != 0)) ||
-            (packed && part.w.format != LP_W4 && part.w.format != LP_W8 && part.w.format != LP_W8_32 &&
-             part.w.format != LP_W6) ||
-            (!packed && part.w.format != LP_DENSE_F32 && part.w.format != LP_DENSE_F16 &&
-             part.w.format != LP_DENSE_BF16) ||
-            (!packed && part.w.format != LP_DENSE_F32 && k % 16 != 0))
-            return lp::fail(LP_ERR_MODEL, "%s: part %d (format %d, %d x %d, %s) does not take %lld inputs", name, p,
-                            part.w.format, part.w.n, part.w.k, packed ? "packed" : "dense", (long long)k);
-        sum += part.w.n;
-    }
-    if (sum != lin.n_out || lin.n_out != n_out)
-        return lp::fail(LP_ERR_MODEL, "%s: %lld outputs in its parts, n_out %d, %lld expected", name, (long long)sum,
-                        lin.n_out, (long long)n_out);
-    if (lin.n_loras < 0 || (lin.n_loras > 0 && !lin.loras))
-        return lp::fail(LP_ERR_MODEL, "%s: n_loras %d without adapters", name, lin.n_loras);
-    for (int i = 0; i < lin.n_loras; i++) {
-        const LpLora& lora = lin.loras[i];
-        if (lora.adapter < 0 || lora.rank < 0 || lora.rank > LP_MAX_LORA_RANK || lora.out_offset < 0 || lora.n_out < 0 ||
-            (int64_t)lora.out_offset + lora.n_out > lin.n_out || (lora.rank > 0 && (!lora.a || !lora.b)))
-            return lp::fail(LP_ERR_MODEL, "%s: LoRA %d (adapter %d, rank %d up to %d, columns %d + %d of %d) is out of range",
-                            name, i, lora.adapter, lora.rank, LP_MAX_LORA_RANK, lora.out_offset, lora.n_out, lin.n_out);
-        n_adapters = std::max(n_adapters, lora.adapter + 1);
-    }
-    return LP_OK;
-}
 
 int32_t check_experts(const LpExperts& ex, const LpConfig& c, int li, int32_t& n_adapters) {
     if (ex.n_expert < 1 || ex.n_expert > LP_MAX_EXPERTS || ex.n_used < 1 || ex.n_used > ex.n_expert ||

@@ -198,6 +198,13 @@ int32_t lp_forward_states(void* model, const LpBatch* batch, const LpKV* kv, con
 // Instead of logits: the final-normed hidden states [n_logits, n_embd] of the logit rows (after
 // output_norm, before the head), what embedding models pool. Everything else as lp_forward_states.
 int32_t lp_forward_hidden(void* model, const LpBatch* batch, const LpKV* kv, const LpStates* states, float* hidden);
+/* y [n_rows, lin->n_out] = x [n_rows, k] W^T (+ bias) on the pool's threads, outside any model
+(the encoders' matmuls): the forward's kernels, so a row's result does not depend on the other
+rows. LP_OK, or LP_ERR_* for a linear the forward would refuse (lp_last_error says why). */
+int32_t lp_linear(const LpLinear* lin, const float* x, int32_t n_rows, float* y);
+/* y[i] = x[i] >= identity_from ? x[i] : table[fp16 bits of x[i], rounded to nearest even] for
+i < n, on the pool's threads (src/table.cpp: ggml's fp16 GELU table). table: 65536 floats. */
+int32_t lp_fp16_lookup(const float* table, const float* x, int64_t n, float identity_from, float* y);
 // Bytes of scratch the model's steps have grown so far (it grows with the largest step: the
 // rows of a step and the longest context attended to).
 int64_t lp_model_scratch_bytes(void* model);

@@ -15,26 +15,6 @@
 namespace lp {
 namespace {
 
-
-
-uint16_t float_to_half(float f) {  // round to nearest even, as torch's .to(float16)
-    uint32_t x;
-    std::memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000;
-    uint32_t abs = x & 0x7fffffff;
-    if (abs >= 0x7f800000) return (uint16_t)(sign | 0x7c00 | (abs > 0x7f800000 ? 0x200 : 0));
-    if (abs >= 0x477ff000) return (uint16_t)(sign | 0x7c00);  // rounds to infinity
-    if (abs < 0x38800000) {  // subnormal or zero in half
-        float af;
-        std::memcpy(&af, &abs, 4);
-        // 2^-24 is the half subnormal step: scale and round to an integer count of steps.
-        return (uint16_t)(sign | (uint32_t)std::nearbyint(af * 16777216.0f));
-    }
-    uint32_t mant_odd = (abs >> 13) & 1;
-    abs += 0xc8000fff + mant_odd;  // rebias exponent (-112 << 23) and round to nearest even
-    return (uint16_t)(sign | (abs >> 13));
-}
-
 float bf16_to_float(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
     float f;

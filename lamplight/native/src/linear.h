@@ -1,0 +1,44 @@
+// Linear layers over packed and dense weights (forward.h's LpLinear), for the forward and for
+// lp_linear (forward.h: the encoders' matmuls, outside any model).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "forward.h"
+#include "pool.h"
+
+namespace lp {
+
+template <class T>
+T* grow(std::vector<T>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+    return v.data();
+}
+
+// Per-row work in tasks of a few rows.
+template <class F>
+void for_rows(int n_rows, F fn) {
+    const int64_t per_task = 4;
+    parallel_for((n_rows + per_task - 1) / per_task, [&](int64_t task, int thread) {
+        int end = std::min<int>((int)(task * per_task + per_task), n_rows);
+        for (int r = (int)(task * per_task); r < end; r++) fn(r, thread);
+    });
+}
+
+// Room for n_rows quantized rows of width k.
+uint8_t* acts_for(std::vector<uint8_t>& acts, int n_rows, int k);
+// Quantize row r of x [.., k] into its place in acts (sized by acts_for).
+void quantize_row(const float* x, int k, int r, uint8_t* acts);
+
+// y [n_rows, lin.n_out] = x [n_rows, k] W^T (+ bias), columns split into tasks over the pool.
+// `quantized`: acts already holds x's quantized rows (the phase before wrote them row by row).
+// `lora_scales`: the step's scale of each adapter (null: no LoRA deltas).
+void linear(const LpLinear& lin, const float* x, int n_rows, float* y, std::vector<uint8_t>& acts,
+            bool quantized = false, const float* lora_scales = nullptr);
+
+// A linear reading `k` inputs and writing `n_out` outputs: its parts and LoRA adapters add up
+// and stay within the forward's limits. Raises n_adapters to its adapters' largest index + 1.
+int32_t check_linear(const LpLinear& lin, const char* name, int64_t k, int64_t n_out, int32_t& n_adapters);
+
+}  // namespace lp

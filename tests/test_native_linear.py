@@ -1,0 +1,81 @@
+"""The native pieces the encoders use outside any model: one linear (lamplight.native.linear.
+NativeLinear, src/linear.cpp's lp_linear on the pool's threads), the bits of the single-threaded
+matmul of tests/test_native_kernels.py plus the bias, whatever rows come with a row, and a
+description the forward would refuse refused here too; and ggml's fp16 GELU table looked up in
+one pass (src/table.cpp), the bits of the PyTorch lookup on every build."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from test_native_kernels import bits, random_info
+
+from lamplight.models.activations import GELU_IDENTITY_FROM, fp16_gelu_table, gelu_tanh_fp16_table
+from lamplight.native import abi, build, runtime
+from lamplight.native.elementwise import fp16_lookup
+from lamplight.native.kernels import QKernels
+from lamplight.native.linear import NativeLinear
+from lamplight.native.pack import pack
+
+pytestmark = pytest.mark.skipif(runtime.library() is None, reason="no native library on this machine")
+
+
+@pytest.fixture(scope="module")
+def lib():
+    library = runtime.library()
+    library.lp_set_threads(2)
+    return library
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_K, Q.Q4_1, Q.Q6_K], ids=lambda t: t.name)
+def test_a_native_linear_gives_the_matmuls_bits_plus_its_bias(lib, qtype):
+    infos = [random_info(qtype, 48, 256, seed=1), random_info(qtype, 80, 256, seed=2)]  # fused, as Q/K/V
+    bias = torch.randn(128, generator=torch.Generator().manual_seed(3))
+    linear = NativeLinear(lib, infos, bias)
+    assert (linear.in_features, linear.out_features) == (256, 128)
+    x = torch.randn(37, 256, generator=torch.Generator().manual_seed(4))
+    y = linear(x)
+    single = QKernels(build.library_path(runtime.variant_of(lib)))
+    expected = torch.cat([single.matmul(pack(info), x) for info in infos], dim=1) + bias
+    np.testing.assert_array_equal(bits(y.numpy()), bits(expected.numpy()))
+    # every row alone, and in another batch: the same bits
+    for r in (0, 17, 36):
+        np.testing.assert_array_equal(bits(linear(x[r:r + 1]).numpy()), bits(y[r:r + 1].numpy()))
+    np.testing.assert_array_equal(bits(linear(x[5:30]).numpy()), bits(y[5:30].numpy()))
+    assert linear(x.reshape(37, 1, 256)).shape == (37, 1, 128)
+
+
+def test_a_native_linear_refuses_what_the_kernels_do_not_take(lib):
+    with pytest.raises(ValueError, match="do not read the same input"):
+        NativeLinear(lib, [random_info(Q.Q8_0, 16, 256), random_info(Q.Q8_0, 16, 512)])
+    linear = NativeLinear(lib, [random_info(Q.Q8_0, 16, 256)])
+    linear.lin.n_out = 17  # a description whose parts do not add up: refused before any work
+    y = torch.full((2, 17), 7.0)
+    rc = lib.lp_linear(ctypes.byref(linear.lin), torch.zeros(2, 256).data_ptr(), 2, y.data_ptr())
+    assert rc != abi.LP_OK and "outputs in its parts" in str(abi.error(lib, rc, "lp_linear"))
+    assert bool((y == 7.0).all())
+
+
+@pytest.mark.parametrize("variant", build.runnable_variants())
+def test_the_native_gelu_lookup_gives_the_tables_bits(variant):
+    lib = runtime.load_variant(variant)
+    lib.lp_set_threads(2)
+    special = [float("nan"), float("inf"), -float("inf"), 1e6, -1e6, 65519.0, 65520.0, -65520.0, 9.99, 10.0, -10.0,
+               -9.99, 0.0, -0.0, 6e-8, 2.9e-8, 3.1e-8, -6e-5, 1.00048828125, 1.000244140625, 1.000732421875]
+    rng = torch.Generator().manual_seed(5)
+    flat = torch.cat([torch.tensor(special), torch.randn(40001, generator=rng) * 4,
+                      torch.arange(0, 2**20, 7, dtype=torch.int32).view(torch.float32),  # subnormals, tiny values
+                      torch.rand(5000, generator=rng) * 131000 - 65500])
+    x = flat[: flat.numel() // 7 * 7].reshape(-1, 7)  # 2-D, and not a multiple of 8: the scalar tail too
+    mine, theirs = fp16_lookup(lib, fp16_gelu_table(), x, GELU_IDENTITY_FROM), gelu_tanh_fp16_table(x, 1.0)
+    assert mine.shape == x.shape
+    nan = torch.isnan(theirs)
+    assert torch.equal(torch.isnan(mine), nan)
+    np.testing.assert_array_equal(bits(mine[~nan].numpy()), bits(theirs[~nan].numpy()))
+    with pytest.raises(ValueError, match="65536"):
+        fp16_lookup(lib, torch.zeros(10), x, GELU_IDENTITY_FROM)
