@@ -79,3 +79,14 @@ def test_the_native_gelu_lookup_gives_the_tables_bits(variant):
     np.testing.assert_array_equal(bits(mine[~nan].numpy()), bits(theirs[~nan].numpy()))
     with pytest.raises(ValueError, match="65536"):
         fp16_lookup(lib, torch.zeros(10), x, GELU_IDENTITY_FROM)
+
+
+def test_the_native_gelu_lookup_in_place(lib):
+    x = torch.randn(33, 9, generator=torch.Generator().manual_seed(2)) * 6
+    expected = gelu_tanh_fp16_table(x, 1.0)
+    out = fp16_lookup(lib, fp16_gelu_table(), x, GELU_IDENTITY_FROM, in_place=True)
+    assert out.data_ptr() == x.data_ptr() and torch.equal(out, expected)
+    strided = torch.randn(9, 33).t()  # not contiguous: a copy is looked up, the input is left alone
+    before = strided.clone()
+    assert torch.equal(fp16_lookup(lib, fp16_gelu_table(), strided, GELU_IDENTITY_FROM, in_place=True),
+                       gelu_tanh_fp16_table(before, 1.0)) and torch.equal(strided, before)
