@@ -23,7 +23,7 @@ from lamplight.tokenizer import Tokenizer
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True, n_probs=2)
 SEEDED = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=5, ignore_eos=True, n_probs=2)
-DRAFT = SpecConfig(kinds=("draft-simple",), draft_model="draft.gguf")
+DRAFT = SpecConfig(kinds=("draft-simple",), draft_model="draft.gguf", adaptive=False)  # drafts every step
 PROMPT = [3 + (i * 17) % 23 for i in range(40)]
 
 
@@ -154,7 +154,7 @@ def test_p_min_and_n_min_hold_drafts_back(files, backend, plain):
     request = GenerationRequest(PROMPT, GREEDY, n_predict=16)
     expected = final_of(plain, request)
     for sizes in (DraftModelSizes(n_max=3, p_min=1.0), DraftModelSizes(n_max=3, n_min=4)):
-        engine = make_engine(files, backend, "model", SpecConfig(kinds=("draft-simple",), draft=sizes, draft_model="d"))
+        engine = make_engine(files, backend, "model", SpecConfig(kinds=("draft-simple",), draft=sizes, draft_model="d", adaptive=False))
         try:
             got = final_of(engine, request)
             assert got.token_ids == expected.token_ids and got.timings.draft_n == 0

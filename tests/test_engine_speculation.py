@@ -27,7 +27,7 @@ SEEDED = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=5, 
 # Small sizes, so that the tiny random model's short histories draft often.
 SMALL = NgramMapSizes(size_n=2, size_m=8, min_hits=1)
 SPEC = SpecConfig(kinds=("ngram-simple",), ngram_simple=SMALL, ngram_map_k=SMALL, ngram_map_k4v=SMALL,
-                  ngram_mod=NgramModSizes(n_match=2, n_max=8, n_min=1))
+                  ngram_mod=NgramModSizes(n_match=2, n_max=8, n_min=1), adaptive=False)  # drafts every step
 KINDS = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
 PROMPT = [3 + (i * 17) % 23 for i in range(40)]  # repeats every 23 tokens: n-grams to find
 
@@ -220,7 +220,7 @@ def test_a_real_model_copying_text_accepts_long_drafts(smollm2):
                "polished the great lens and wrote the weather in a small leather book. ") * 2
     text = (f"<|im_start|>user\nRepeat this text exactly:\n{passage}<|im_end|>\n<|im_start|>assistant\n{passage[:60]}")
     prompt = tokenizer.encode(text, add_special=False, parse_special=True)
-    spec = SpecConfig(kinds=("ngram-simple", "ngram-mod"), ngram_simple=NgramMapSizes(size_n=3, size_m=16))
+    spec = SpecConfig(kinds=("ngram-simple", "ngram-mod"), ngram_simple=NgramMapSizes(size_n=3, size_m=16), adaptive=False)
     plain, speculating = make_engine(smollm2), make_engine(smollm2, speculative=spec)
     try:
         for sampling in (SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, seed=11)):

@@ -38,6 +38,7 @@ from . import slot_actions, views
 from .checkpoints import Checkpoint, CheckpointStore
 from .config import EngineConfig
 from .draft_model import new_draft_model
+from .draft_policy import DraftPolicy
 from .handle import RequestHandle
 from ..state import StateSpec
 from .kv_cache import KVCache
@@ -110,6 +111,8 @@ class Engine:
         self.speculation = None if spec.recurrent else SpeculatorFactory(
             cfg.speculative, self.draft_model.drafter if self.draft_model is not None else None)
         self.spec_stats = SpecStats()
+        self.draft_policy = DraftPolicy() if self.speculation is not None and cfg.speculative.adaptive else None
+        self._step_drafts: tuple[int, bool, float] | None = None  # this step's (decoding sequences, drafted, draft model seconds)
 
     @property
     def loras(self) -> list[LoraAdapter]:
@@ -396,10 +399,13 @@ class Engine:
 
     def _step(self) -> bool:
         """Run one forward step over everything that can progress. False if there was nothing."""
+        self._step_drafts = None
         plan = self._plan_step()
         if not plan:
             self._finish_done()
             return False
+        started, generated = time.perf_counter(), self.stats["generated_tokens"]  # a draft model's forwards are timed apart
+        decode_only = all(seq.state == SeqState.DECODE for seq, _ in plan)
         self.lora_sets.use(plan[0][0].handle.lora_key)
         plan, logits = self._forward(plan)
         self.stats["steps"] += 1
@@ -430,6 +436,10 @@ class Engine:
             self._sample_and_process(logits[rows], sampled_seqs)
         for seq, seq_rows in verified.items():
             self._verify(seq, logits[seq_rows])
+        if self.draft_policy is not None and decode_only and self._step_drafts is not None:
+            n_decode, drafted, model_seconds = self._step_drafts
+            self.draft_policy.observe_step(n_decode, drafted, self.stats["generated_tokens"] - generated,
+                                           time.perf_counter() - started + model_seconds)
         self._finish_done()
         return True
 
@@ -509,12 +519,19 @@ class Engine:
         step's decode tokens, within `budget` rows and the pool's free blocks (a draft never takes
         room from anyone); the rows it used. A draft model drafts for all its sequences first, together."""
         used = 0
+        for seq, _ in plan:
+            seq.draft = []
+        n_decode, model_seconds = len(plan), 0.0
+        if self.draft_policy is not None and not self.draft_policy.allow(n_decode):
+            self._step_drafts = (n_decode, False, 0.0)
+            return 0
         if self.draft_model is not None:
+            started = time.perf_counter()
             self.draft_model.prepare([(drafter, seq.tokens, seq.speculator.limit(min(draft_limit(seq), budget)))
                                       for seq, _ in plan if seq.speculator is not None
                                       and (drafter := seq.speculator.model_drafter()) is not None])
+            model_seconds = time.perf_counter() - started
         for index, (seq, _) in enumerate(list(plan)):
-            seq.draft = []
             if seq.speculator is None or used >= budget:
                 continue
             draft = seq.speculator.draft(seq.tokens, min(draft_limit(seq), budget - used))
@@ -529,6 +546,7 @@ class Engine:
                 else:
                     plan.extend((seq, chunk) for chunk in draft_chunks(seq, draft))
                 used += len(draft)
+        self._step_drafts = (n_decode, used > 0, model_seconds)
         return used
 
     def _verify(self, seq: Sequence, logits: torch.Tensor) -> None:

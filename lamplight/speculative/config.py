@@ -69,6 +69,9 @@ class SpecConfig:
     draft_model: str | None = None  # -md: the draft model's path (kind draft-simple)
     draft_cache_type_k: str | None = None  # -ctkd/-ctvd; None: as the draft runner stores by default
     draft_cache_type_v: str | None = None
+    # Drafts only where they pay, by the engine's own measurements (lamplight.engine.draft_policy);
+    # False: every step drafts (the tests that count drafts of several sequences at once).
+    adaptive: bool = True
 
     @property
     def enabled(self) -> bool:
