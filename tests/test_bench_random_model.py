@@ -388,5 +388,7 @@ def test_an_encoder_step_reuses_its_buffers(encoder_files):
     first = embedder.rank(inputs)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     again = embedder.rank(inputs)
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults < 3000  # one fresh 47 MiB tensor: 12,000
+    # fewer pages than one fresh 47 MiB tensor has (12,000; about 55,000 a step without): 3 alone,
+    # a few thousand in a process that has run much else (other threads' allocations, fragments)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults < 12000
     assert np.array_equal(np.asarray(first), np.asarray(again))
