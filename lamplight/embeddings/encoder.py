@@ -186,14 +186,22 @@ class Encoder:
 
     @torch.inference_mode()
     def hidden_states(self, inputs: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        lengths = [len(ids) for ids in inputs]
+        # Computed with the inputs ordered by length (stable: as given within one length), so
+        # that attention's groups of one length are slices of the rows, not gathered copies;
+        # every other step is row by row, so the order changes no bits.
+        order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
+        lengths = [len(inputs[i]) for i in order]
         positions = torch.cat([torch.arange(n) for n in lengths])
-        x = self._embed(torch.tensor([t for ids in inputs for t in ids], dtype=torch.long), positions)
+        x = self._embed(torch.tensor([t for i in order for t in inputs[i]], dtype=torch.long), positions)
         angles = self.rotary.angles(positions) if self.rotary is not None else None
+        groups = _same_length_slices(lengths)
         for layer in self.layers:
-            x = layer.attn_norm(x + layer.wo(self._attention(layer, x, lengths, angles)))
+            x = layer.attn_norm(x + layer.wo(self._attention(layer, x, groups, angles)))
             x = layer.ffn_norm(x + layer.ffn(x))
-        return list(x.split(lengths))
+        out: list[torch.Tensor] = [None] * len(inputs)  # type: ignore[list-item]
+        for i, part in zip(order, x.split(lengths)):
+            out[i] = part
+        return out
 
     def _embed(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.token_embd[token_ids]
@@ -203,17 +211,17 @@ class Encoder:
             x = x + self.position_embd[positions]
         return self.embd_norm(x)
 
-    def _attention(self, layer: EncoderLayer, x: torch.Tensor, lengths: list[int], angles) -> torch.Tensor:
+    def _attention(self, layer: EncoderLayer, x: torch.Tensor, groups: list[tuple[int, int, int]], angles) -> torch.Tensor:
         qkv = layer.qkv(x)
         q, k, v = (part.reshape(-1, self.n_heads, self.head_dim) for part in qkv.split(self.n_embd, dim=-1))
         if angles is not None:
             q, k = self.rotary(q, angles), self.rotary(k, angles)
         out = torch.empty_like(x)
-        for rows, n in _same_length_groups(lengths):
+        for start, end, n in groups:
             # [B, n, H, D] -> [B, H, n, D]: inputs of one length side by side, no padding.
-            shape = (len(rows) // n, n, self.n_heads, self.head_dim)
-            attn = F.scaled_dot_product_attention(*(t[rows].view(shape).transpose(1, 2) for t in (q, k, v)))
-            out[rows] = attn.transpose(1, 2).reshape(len(rows), self.n_embd)
+            shape = ((end - start) // n, n, self.n_heads, self.head_dim)
+            attn = F.scaled_dot_product_attention(*(t[start:end].view(shape).transpose(1, 2) for t in (q, k, v)))
+            out[start:end] = attn.transpose(1, 2).reshape(end - start, self.n_embd)
         return out
 
 
@@ -231,13 +239,14 @@ def _native_kernels(lib, gguf: GGUFFile) -> str:
     return f"native {lib.lp_isa().decode()} encoder ({'; '.join(parts)}; {lib.lp_get_threads()} threads)"
 
 
-def _same_length_groups(lengths: list[int]) -> list[tuple[torch.Tensor, int]]:
-    """The rows of the inputs of each length, input by input."""
-    starts, first = [], 0
+def _same_length_slices(lengths: list[int]) -> list[tuple[int, int, int]]:
+    """(first row, end row, length) of each run of inputs of one length, for lengths in order."""
+    groups: list[tuple[int, int, int]] = []
+    first = 0
     for n in lengths:
-        starts.append(first)
+        if groups and groups[-1][2] == n:
+            groups[-1] = (groups[-1][0], first + n, n)
+        else:
+            groups.append((first, first + n, n))
         first += n
-    by_length: dict[int, list[torch.Tensor]] = {}
-    for start, n in zip(starts, lengths):
-        by_length.setdefault(n, []).append(torch.arange(start, start + n))
-    return [(torch.cat(rows), n) for n, rows in by_length.items()]
+    return groups
