@@ -78,14 +78,33 @@ def _joint_bias(w: WeightSource, names: Sequence[str], biases: Sequence[str | No
     return torch.cat([p if p is not None else torch.zeros(w.info(n).shape[0]) for p, n in zip(parts, names)])
 
 
-def _native_linear(lib) -> Callable[[WeightSource, Sequence[str], Sequence[str | None]], Linear | NativeLinear]:
-    """Native where every weight of the linear is quantized in a packable type, else PyTorch."""
-    def build(w: WeightSource, names: Sequence[str], biases: Sequence[str | None]) -> Linear | NativeLinear:
+class _NativeLinears:
+    """Builds an encoder's linears: native where every weight of the linear is quantized in a
+    packable type, else PyTorch; and says which weight types went where (the start-up log)."""
+
+    def __init__(self, lib):
+        self.lib = lib
+        self.native: set[str] = set()
+        self.other: set[str] = set()
+
+    def __call__(self, w: WeightSource, names: Sequence[str], biases: Sequence[str | None]) -> Linear | NativeLinear:
         infos = [w.info(n) for n in names]
+        types = {i.qtype.name for i in infos}
         if all(pack.can_pack(i.qtype) for i in infos):  # their blocks: k a multiple of 32
-            return NativeLinear(lib, infos, _joint_bias(w, names, biases))
+            self.native |= types
+            return NativeLinear(self.lib, infos, _joint_bias(w, names, biases))
+        self.other |= types
         return Linear(w, names, biases)
-    return build
+
+    def describe(self) -> str:
+        """e.g. 'native avx512vnni encoder (Q8_0 weights; 2 threads)', with the types of the
+        linears left on PyTorch ('...; F16 on pytorch float32; ...'), or 'pytorch float32 encoder'."""
+        if not self.native:
+            return "pytorch float32 encoder"
+        parts = [f"{', '.join(sorted(self.native))} weights"]
+        if self.other:
+            parts.append(f"{', '.join(sorted(self.other))} on pytorch float32")
+        return f"native {self.lib.lp_isa().decode()} encoder ({'; '.join(parts)}; {self.lib.lp_get_threads()} threads)"
 
 
 @functools.cache
@@ -179,10 +198,11 @@ class Encoder:
         lib = runtime.library() if backend in NATIVE_BACKENDS else None
         if lib is not None:
             lib.lp_set_threads(torch.get_num_threads())  # -t sets torch's count before loading
-            linear, gelu, self.kernels = _native_linear(lib), _native_gelu(lib), _native_kernels(lib, gguf)
+            linear, gelu = _NativeLinears(lib), _native_gelu(lib)
         else:
-            linear, gelu, self.kernels = Linear, _gelu, "pytorch float32 encoder"
+            linear, gelu = Linear, _gelu
         self.layers = [EncoderLayer(w, i, self.n_embd, eps, linear, gelu) for i in range(n_layers)]
+        self.kernels = linear.describe() if lib is not None else "pytorch float32 encoder"
 
     @torch.inference_mode()
     def hidden_states(self, inputs: Sequence[Sequence[int]]) -> list[torch.Tensor]:
@@ -223,20 +243,6 @@ class Encoder:
             attn = F.scaled_dot_product_attention(*(t[start:end].view(shape).transpose(1, 2) for t in (q, k, v)))
             out[start:end] = attn.transpose(1, 2).reshape(end - start, self.n_embd)
         return out
-
-
-def _native_kernels(lib, gguf: GGUFFile) -> str:
-    """The start-up log's kernel line, e.g. 'native avx512vnni encoder (Q8_0 weights; 2 threads)', or
-    with weights the integer kernels do not take, '... (Q8_0 weights; F16 on pytorch float32; ...)'."""
-    types = {i.qtype for n, i in gguf.tensors.items() if n.startswith("blk.") and len(i.shape) == 2}
-    native = sorted(t.name for t in types if pack.can_pack(t))
-    other = sorted(t.name for t in types if not pack.can_pack(t))
-    if not native:
-        return "pytorch float32 encoder"
-    parts = [f"{', '.join(native)} weights"]
-    if other:
-        parts.append(f"{', '.join(other)} on pytorch float32")
-    return f"native {lib.lp_isa().decode()} encoder ({'; '.join(parts)}; {lib.lp_get_threads()} threads)"
 
 
 def _same_length_slices(lengths: list[int]) -> list[tuple[int, int, int]]:

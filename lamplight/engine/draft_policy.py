@@ -11,9 +11,9 @@ always drafts, its rows cost next to nothing, and a draft model that disagrees p
 speculative.speculator.DraftCap), the tokens a second of its steps that drafted (the tokens kept,
 over the step and the draft model's forwards) and of those that did not, as decayed sums of
 tokens and of seconds (a step's acceptance varies; the sums average it). A step drafts when
-drafting has been the faster. Every so often
-a step does the other thing, so that both stay measured: after EXPLORE_EVERY steps, then twice
-as many each time the decision stays the same, up to EXPLORE_MOST. A draft model reads every
+drafting has been the faster. Every so often a step does the other thing, so that both stay
+measured: after EXPLORE_EVERY steps, then twice as many each time the decision stays the same,
+up to EXPLORE_MOST. A draft model reads every
 token it has not seen when it drafts again after a pause, a cost of switching rather than of
 drafting: such a step is not measured, and an exploring draft lasts two steps for that.
 

@@ -21,6 +21,23 @@ from .abi import NativeUnsupported
 PartGroups = list[tuple[list, object]]
 
 
+def address(t: torch.Tensor | np.ndarray | None) -> int | None:
+    """Where an array's data starts (None for none), for the C side."""
+    if t is None:
+        return None
+    return t.ctypes.data if isinstance(t, np.ndarray) else t.data_ptr()
+
+
+def hold(keep: list, t: torch.Tensor | np.ndarray | None) -> int | None:
+    """t's address for the C side, t (a tensor as contiguous float32) kept alive in `keep`."""
+    if t is None:
+        return None
+    if isinstance(t, torch.Tensor):
+        t = t.detach().float().contiguous()
+    keep.append(t)
+    return address(t)
+
+
 def describe_linear(groups: PartGroups, bias: torch.Tensor | None, hold: Callable[[object], int | None]) -> abi.Linear:
     """The C description of a linear over `groups` (pack_groups), outputs side by side; `hold`
     keeps an array alive for as long as the description and returns its address."""
@@ -95,16 +112,8 @@ class NativeLinear:
         self.lib = lib
         self.in_features = k
         self._keep: list = []
-        self.lin = describe_linear(groups, bias, self._hold)
+        self.lin = describe_linear(groups, bias, lambda t: hold(self._keep, t))
         self.out_features = self.lin.n_out
-
-    def _hold(self, t) -> int | None:
-        if t is None:
-            return None
-        if isinstance(t, torch.Tensor):
-            t = t.detach().float().contiguous()
-        self._keep.append(t)
-        return t.ctypes.data if isinstance(t, np.ndarray) else t.data_ptr()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)

@@ -32,7 +32,7 @@ from ..state.kv_quant import KVQuant
 from ..state.recurrent import RecurrentPool
 from . import abi
 from .abi import NativeUnsupported
-from .linear import describe_linear, pack_groups
+from .linear import address as _ptr, describe_linear, hold, pack_groups
 
 # The gate/up combinations (lamplight.models.activations) the native forward computes. ggml's
 # fp16 GELU table (gemma2) is computed exactly instead of looked up: within fp16 rounding of it.
@@ -45,14 +45,6 @@ KV_TYPES = {torch.float32: abi.LP_KV_F32, torch.float16: abi.LP_KV_F16, torch.bf
 def native_kv_type(kind) -> int:
     """The C side's LP_KV_* of a pool's K or V type (a torch dtype or a kv_quant type)."""
     return kind.native_id if isinstance(kind, KVQuant) else KV_TYPES[kind]
-
-
-def _ptr(t) -> int | None:
-    if t is None:
-        return None
-    if isinstance(t, np.ndarray):
-        return t.ctypes.data
-    return t.data_ptr()
 
 
 class NativeRunner(ModelRunner):
@@ -130,12 +122,7 @@ class NativeRunner(ModelRunner):
     # -- description -----------------------------------------------------------------------------
 
     def _hold(self, t: torch.Tensor | np.ndarray | None) -> int | None:
-        if t is None:
-            return None
-        if isinstance(t, torch.Tensor):
-            t = t.detach().float().contiguous()
-        self._keep.append(t)
-        return _ptr(t)
+        return hold(self._keep, t)
 
     def _linear(self, infos: tuple[TensorInfo, ...], bias: torch.Tensor | None = None) -> abi.Linear:
         """One native linear over weights reading the same input, outputs side by side."""
