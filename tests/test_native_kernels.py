@@ -101,21 +101,36 @@ def flags_of(packed) -> int:
     return int(packed.data[FLAGS_OFFSET:FLAGS_OFFSET + 4].view(np.int32)[0])
 
 
+def _acts_per(x: torch.Tensor, block: int) -> np.ndarray:
+    """x as the kernels' 8-bit activations see it, in float64: per block of `block` values,
+    round-half-even(x * (127 / amax)) times amax / 127."""
+    v = x.numpy().reshape(x.shape[0], -1, block)
+    amax = np.abs(v).max(-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.rint(v * np.where(amax > 0, np.float32(127) / amax, 0))
+    return (q * (amax / np.float32(127)).astype(np.float64)).reshape(x.shape)
+
+
 @pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
-def test_k_quants_keep_their_own_scales_and_compute_the_same_bits(kernels, qtype):
+def test_k_quants_keep_their_own_scales_and_activations_per_256(kernels, qtype):
     """FLAG_SUPER: a k-quant's block scales stay int8 factors of a float32 d per 256 k, as gguf
-    has them (Q4_K 4.75 bits a weight, not 6), and every build's products are the float32
-    scales' to the bit, for any row count."""
+    has them (Q4_K 4.75 bits a weight, not 6), the same weights as float32 scales give. Its
+    activations have one scale per 256 k (as llama.cpp's Q8_K for these types), so each block's
+    exact sum times its factor adds up in integers; the float layout keeps blocks of 32."""
     info = random_info(qtype, 37, 768, seed=6)
     compact, floats = pack(info), pack(info, super_scales=False)
     assert flags_of(compact) & FLAG_SUPER and not flags_of(floats) & FLAG_SUPER
     assert compact.data.nbytes < floats.data.nbytes
     np.testing.assert_array_equal(bits(dequantize_packed(compact)), bits(dequantize_packed(floats)))
+    w = dequantize_packed(compact).astype(np.float64)
     x = torch.randn(11, 768)
     for variant, k in kernels.items():
-        for rows in (1, 3, 11):
-            assert torch.equal(k.matmul(compact, x[:rows]).view(torch.int32),
-                               k.matmul(floats, x[:rows]).view(torch.int32)), (variant, rows)
+        for packed, block in ((compact, 256), (floats, 32)):
+            expected = _acts_per(x, block) @ w.T
+            other = _acts_per(x, 288 - block) @ w.T  # the other layout's activations
+            y = k.matmul(packed, x).double().numpy()
+            err = np.linalg.norm(y - expected) / np.linalg.norm(expected)
+            assert err < 1e-6 < np.linalg.norm(y - other) / np.linalg.norm(expected), (variant, block, err)
 
 
 @pytest.mark.parametrize("qtype, most_bits, gguf_bits", [(Q.Q4_K, 4.63, 4.5), (Q.Q6_K, 6.63, 6.5625)],
@@ -245,11 +260,20 @@ def test_non_finite_activations_give_nan(kernels):
         assert k.matmul(packed, x).isnan().all(), variant
 
 
-def _llama_cpp_reference(x: torch.Tensor, w: np.ndarray) -> torch.Tensor:
-    """x through gguf's Q8_0 (llama.cpp's 8-bit activations), then an exact matmul."""
+def _llama_cpp_reference(x: torch.Tensor, w: np.ndarray, qtype) -> torch.Tensor:
+    """x through llama.cpp's 8-bit activations for the type (Q8_K, one scale per 256, for the
+    k-quants; gguf's Q8_0 otherwise), then an exact matmul."""
     from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
 
-    xq = gguf_dequantize(gguf_quantize(x.numpy(), Q.Q8_0), Q.Q8_0)
+    if qtype in K_QUANTS:  # quantize_row_q8_K: iscale = -127 / (the value of largest |x|)
+        v = x.numpy().reshape(x.shape[0], -1, 256)
+        peak = np.take_along_axis(v, np.abs(v).argmax(-1)[..., None], -1)
+        with np.errstate(divide="ignore"):
+            iscale = np.where(peak != 0, np.float32(-127) / peak, 0).astype(np.float32)
+        q = np.minimum(np.rint(iscale * v), 127)
+        xq = (q * np.where(iscale != 0, 1 / iscale, 0)).reshape(x.shape)
+    else:
+        xq = gguf_dequantize(gguf_quantize(x.numpy(), Q.Q8_0), Q.Q8_0)
     return torch.from_numpy(xq).double() @ torch.from_numpy(w).double().T
 
 
@@ -261,7 +285,7 @@ def test_accuracy_matches_llama_cpp(kernels, qtype):
     exact = x.double() @ torch.from_numpy(w).double().T
     ours = next(iter(kernels.values())).matmul(pack(info), x).double()
     ours_err = ((ours - exact).norm() / exact.norm()).item()
-    llama_err = ((_llama_cpp_reference(x, w) - exact).norm() / exact.norm()).item()
+    llama_err = ((_llama_cpp_reference(x, w, qtype) - exact).norm() / exact.norm()).item()
     assert ours_err < 1e-2 and ours_err < 1.05 * llama_err, (ours_err, llama_err)
 
 

@@ -11,7 +11,10 @@ Products such as d * sc_j are computed here in float32, as gguf computes them, a
 for the k-quants (FLAG_SUPER), kept as gguf has them: a float32 d per 256 k and an int8 factor
 per block, multiplied by the kernel. That product is exact (an fp16 times an integer of at most 8
 bits), so both layouts give the same scales, and the super one reads 4.625 bits a Q4_K weight
-instead of 6 (6.6 a Q6_K one instead of 8 as LP_W6 with float scales, 10 as LP_W8).
+instead of 6 (6.6 a Q6_K one instead of 8 as LP_W6 with float scales, 10 as LP_W8). The kernel
+multiplies a super layout by activations with one scale per 256 k (as llama.cpp's Q8_K), adding
+the blocks' integer sums times their factors in int32 (qmatmul.cpp), and a float one by
+activations per block of 32.
 
 The layout (one for every instruction set): a 64-byte header (its int32 at offset 16 holds the
 flags), then the columns in groups of 16 (zero columns pad the last one). Without FLAG_SUPER a

@@ -6,7 +6,15 @@
 //       isum = exact integer dot product of the block's weight q and activation q
 //       acc  = fmaf(wscale[c, b] * xd[r, b], (float)isum, acc)
 //       acc  = fmaf(wmin[c, b], xs[r, b], acc)          (formats with mins only)
-// where xd is the activation block's scale and xs = xd * (float)(sum of its q). The SIMD paths
+// where xd is the activation block's scale and xs = xd * (float)(sum of its q). The k-quants
+// (LP_FLAG_SUPER) take activations quantized per 256 instead (one scale xd per super-block, as
+// llama.cpp's Q8_K), so their integer work spans the super-block:
+//   for each super-block s in k order:
+//       total = sum over its blocks b of isum_b * factor[c, b]               (exact int32)
+//       acc   = fmaf(d[c, s] * xd[r, s], (float)total, acc)
+//       mins  = sum over its blocks b of min_factor[c, b] * (sum of b's q)   (exact int32)
+//       acc   = fmaf(dmin[c, s] * xd[r, s], (float)mins, acc)              (formats with mins)
+// a quarter of the float operations of a block at a time. The SIMD paths
 // vectorise across the 16 columns of a group (never across the blocks of one column), so their
 // float operations are the scalar ones lane by lane and the builds agree bit for bit; the
 // integer sums are exact whatever the instruction sequence. A row's result depends only on
@@ -39,7 +47,8 @@ constexpr int kActBlock = 32;
 constexpr int kGroup = LP_COL_GROUP;
 
 // -- activations -------------------------------------------------------------------------------
-// One quantized row of width k (nb = k / 32 blocks), every array 4-byte aligned:
+// One quantized row of width k (nb = k / 32 blocks, ns = k / 256 super-blocks), every array
+// 4-byte aligned. First per block of 32 (the formats with float block scales):
 //   q   int8[k]     round-half-even(x * 127 / amax) per block of 32
 //   qu  uint8[k]    q + 128 (the unsigned operand of vpdpbusd against signed weights)
 //   d   float[nb]   amax / 127
@@ -47,6 +56,10 @@ constexpr int kGroup = LP_COL_GROUP;
 //   s16 float[2nb]  d * (float)sum(q of each half)      (min term of 16-blocks)
 //   sum int32[nb]   sum(q of the block)                 (LP_FLAG_ZERO8's -8 * sum)
 //   sum16 int32[2nb] sum(q of each half)                (LP_W6's -32 * sum)
+// then the same per super-block of 256 (FLAG_SUPER: the k-quants, as llama.cpp's Q8_K):
+//   kq, kqu int8/uint8[k], kd float[ns], ksum16 int32[k/16], ksum32 int32[k/32] (unused, kept
+//   beside ksum16 so a row's view has both), and kp16 int16[k/16], kp32 int16[k/32]: the same
+//   sums as int16 (|sum| <= 32 * 127), two adjacent blocks' read as one int32 pair.
 struct ActsRow {
     const int8_t* q;
     const uint8_t* qu;
@@ -55,9 +68,24 @@ struct ActsRow {
     const float* s16;
     const int32_t* sum;
     const int32_t* sum16;
+    // per super-block of 256
+    const int8_t* kq;
+    const uint8_t* kqu;
+    const float* kd;
+    const int32_t* ksum16;
+    const int32_t* ksum32;
+    const int16_t* kp16;
+    const int16_t* kp32;
 };
 
-size_t acts_used_bytes(int k) { return 2 * size_t(k) + size_t(k / kActBlock) * 4 * (1 + 1 + 2 + 1 + 2); }
+constexpr int kSuper = 256;  // k per super-block (LP_FLAG_SUPER)
+
+size_t block32_bytes(int k) { return 2 * size_t(k) + size_t(k / kActBlock) * 4 * (1 + 1 + 2 + 1 + 2); }
+
+size_t acts_used_bytes(int k) {
+    return block32_bytes(k) + 2 * size_t(k) + size_t(k / kSuper) * 4 + size_t(k / 16) * 4 + size_t(k / 32) * 4 +
+           size_t(k / 16) * 2 + size_t(k / 32) * 2;
+}
 
 size_t acts_bytes(int k) { return (acts_used_bytes(k) + 63) / 64 * 64; }
 
@@ -65,7 +93,21 @@ ActsRow acts_row(const uint8_t* base, int k) {
     const int nb = k / kActBlock;
     const float* d = reinterpret_cast<const float*>(base + 2 * size_t(k));
     const int32_t* sum = reinterpret_cast<const int32_t*>(d + 4 * nb);
-    return {reinterpret_cast<const int8_t*>(base), base + k, d, d + nb, d + 2 * nb, sum, sum + nb};
+    const uint8_t* super = base + block32_bytes(k);
+    const float* kd = reinterpret_cast<const float*>(super + 2 * size_t(k));
+    const int32_t* ksum16 = reinterpret_cast<const int32_t*>(kd + k / kSuper);
+    const int32_t* ksum32 = ksum16 + k / 16;
+    const int16_t* kp16 = reinterpret_cast<const int16_t*>(ksum32 + k / 32);
+    return {reinterpret_cast<const int8_t*>(base), base + k, d, d + nb, d + 2 * nb, sum, sum + nb,
+            reinterpret_cast<const int8_t*>(super), super + k, kd, ksum16, ksum32, kp16, kp16 + k / 16};
+}
+
+// The row as the k-quant tiles read it: the super-block quants where the block formats' tiles
+// read theirs (q, qu, sum, sum16), so one block_sums serves both.
+ActsRow super_view(const ActsRow& a) {
+    ActsRow v = a;
+    v.q = a.kq, v.qu = a.kqu, v.sum = a.ksum32, v.sum16 = a.ksum16;
+    return v;
 }
 
 // Blocks whose amax is below this are stored as zeros: 127 / amax would overflow, and values
@@ -158,6 +200,29 @@ void round_block(const float* x, float id, int8_t* q, uint8_t* qu, int32_t (&hal
 
 #endif
 
+// One scale per `n_blocks` blocks of 32 from x: d = amax / 127 (0 if tiny, NaN if any value is
+// not finite, its quants then 0), q = round-half-even(x * 127 / amax), with each block's half sums.
+float quantize_span(const float* x, int n_blocks, int8_t* q, uint8_t* qu, int32_t (*halves)[2]) {
+    float amax = 0.0f;
+    bool finite = true;
+    for (int b = 0; b < n_blocks; ++b) {
+        float m;
+        finite = block_amax(x + b * kActBlock, &m) && finite;
+        amax = m > amax ? m : amax;
+    }
+    const bool tiny = amax < kTinyAmax;
+    for (int b = 0; b < n_blocks; ++b) {
+        halves[b][0] = halves[b][1] = 0;
+        if (finite) round_block(x + b * kActBlock, tiny ? 0.0f : 127.0f / amax, q + b * kActBlock, qu + b * kActBlock, halves[b]);
+    }
+    if (!finite) {
+        std::memset(q, 0, size_t(n_blocks) * kActBlock);
+        std::memset(qu, 128, size_t(n_blocks) * kActBlock);
+        return NAN;  // the span's outputs become NaN, as a float matmul's would
+    }
+    return tiny ? 0.0f : amax / 127.0f;
+}
+
 void quantize_row(const float* x, int k, uint8_t* out) {
     const int nb = k / kActBlock;
     int8_t* q = reinterpret_cast<int8_t*>(out);
@@ -168,26 +233,37 @@ void quantize_row(const float* x, int k, uint8_t* out) {
     int32_t* sum = reinterpret_cast<int32_t*>(d + 4 * nb);
     int32_t* sum16 = sum + nb;
     for (int b = 0; b < nb; ++b) {
-        const float* xb = x + b * kActBlock;
-        int8_t* qb = q + b * kActBlock;
-        uint8_t* qub = qu + b * kActBlock;
-        int32_t half[2] = {0, 0};
-        float amax;
-        if (block_amax(xb, &amax)) {
-            const bool tiny = amax < kTinyAmax;
-            d[b] = tiny ? 0.0f : amax / 127.0f;
-            round_block(xb, tiny ? 0.0f : 127.0f / amax, qb, qub, half);
-        } else {
-            d[b] = NAN;  // the block's outputs become NaN, as a float matmul's would
-            std::memset(qb, 0, kActBlock);
-            std::memset(qub, 128, kActBlock);
-        }
-        sum[b] = half[0] + half[1];
-        sum16[2 * b] = half[0];
-        sum16[2 * b + 1] = half[1];
+        int32_t half[1][2];
+        d[b] = quantize_span(x + b * kActBlock, 1, q + b * kActBlock, qu + b * kActBlock, half);
+        sum[b] = half[0][0] + half[0][1];
+        sum16[2 * b] = half[0][0];
+        sum16[2 * b + 1] = half[0][1];
         s[b] = d[b] * float(sum[b]);
-        s16[2 * b] = d[b] * float(half[0]);
-        s16[2 * b + 1] = d[b] * float(half[1]);
+        s16[2 * b] = d[b] * float(half[0][0]);
+        s16[2 * b + 1] = d[b] * float(half[0][1]);
+    }
+    // Per super-block of 256 (whole ones only: the k-quants' k is a multiple of 256).
+    uint8_t* super = out + block32_bytes(k);
+    int8_t* kq = reinterpret_cast<int8_t*>(super);
+    uint8_t* kqu = super + k;
+    float* kd = reinterpret_cast<float*>(super + 2 * size_t(k));
+    int32_t* ksum16 = reinterpret_cast<int32_t*>(kd + k / kSuper);
+    int32_t* ksum32 = ksum16 + k / 16;
+    int16_t* kp16 = reinterpret_cast<int16_t*>(ksum32 + k / 32);
+    int16_t* kp32 = kp16 + k / 16;
+    std::memset(super, 0, acts_used_bytes(k) - block32_bytes(k));
+    constexpr int per = kSuper / kActBlock;
+    for (int sb = 0; sb < k / kSuper; ++sb) {
+        int32_t halves[per][2];
+        const int b0 = sb * per;
+        kd[sb] = quantize_span(x + sb * kSuper, per, kq + sb * kSuper, kqu + sb * kSuper, halves);
+        for (int j = 0; j < per; ++j) {
+            const int b = b0 + j;
+            ksum16[2 * b] = halves[j][0], ksum16[2 * b + 1] = halves[j][1];
+            ksum32[b] = halves[j][0] + halves[j][1];
+            kp16[2 * b] = int16_t(halves[j][0]), kp16[2 * b + 1] = int16_t(halves[j][1]);
+            kp32[b] = int16_t(ksum32[b]);
+        }
     }
     std::memset(out + acts_used_bytes(k), 0, acts_bytes(k) - acts_used_bytes(k));  // deterministic padding
 }
@@ -205,7 +281,6 @@ template <int FMT, bool MIN> constexpr int record_bytes() { return Fmt<FMT>::qby
 // (which = 1), in either layout (qmatmul.h): records, or super-blocks of kSuper k whose header
 // holds the 16 columns' d (16 float32; with mins, 16 fp16 d then 16 fp16 dmin) and each block's
 // 16 int8 factors.
-constexpr int kSuper = 256;
 template <int FMT, bool MIN, bool SUP> struct Blocks {
     static constexpr int qbytes = Fmt<FMT>::qbytes, per_super = kSuper / Fmt<FMT>::block, kinds = MIN ? 2 : 1;
     static constexpr bool half_d = SUP && MIN;  // fp16 d and dmin: 64 bytes, a whole line
@@ -262,7 +337,7 @@ template <int FMT> inline void prefetch_ahead(const uint8_t* rec) {
 constexpr int kRowTile = 8;
 const char* const kIsa = "avx512vnni";
 // Activations of one row block (see lp_qmatmul): small enough that the bytes the tiles read
-// (q, d, s: about half of a row) stay in L1. With 256 KiB blocks, a matrix whose weights
+// (one quant array and a scale or two per block: a quarter of a row) stay in L1. With 256 KiB blocks, a matrix whose weights
 // overflow L2 (576->3072 at 512 rows) pushed the activations out of L2 too and ran 10-25% slower.
 constexpr size_t kRowBlockBytes = 64 * 1024;
 
@@ -338,8 +413,66 @@ inline __m512 scales16(const uint8_t* grp, int b, int which) {
     return _mm512_mul_ps(values, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(f)));
 }
 
+// A k-quant's super-blocks (FLAG_SUPER): the activations have one scale per 256 k, so each
+// block's exact sum times its int8 factor adds up in int32 over the super-block, and the float
+// work (d * xd times the total, and the mins' term) is once per 256 k, not per block.
+template <int FMT, bool MIN, int R>
+void tile_super(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst) {
+    using L = Blocks<FMT, MIN, true>;
+    constexpr int block = Fmt<FMT>::block, per = L::per_super;
+    ActsRow view[R];
+    for (int r = 0; r < R; ++r) view[r] = super_view(a[r]);
+    // The accumulators wait in dst between super-blocks: registers hold the block sums.
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(dst[r], _mm512_setzero_ps());
+    for (int b0 = 0; b0 < nblk; b0 += per) {
+        __m512i total[R];
+        for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_si512();
+        for (int j = 0; j < per; ++j) {
+            const int b = b0 + j;
+            const uint8_t* rec = L::quants(grp, b);
+            if constexpr (R > 1) prefetch_ahead<FMT>(rec);
+            __m512i isum[R];
+            block_sums<FMT, false, R>(rec, view, b * block, b, isum);
+            const __m512i f = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(L::factors(grp, b, 0))));
+            for (int r = 0; r < R; ++r) total[r] = _mm512_add_epi32(total[r], _mm512_mullo_epi32(isum[r], f));
+        }
+        const int sb = b0 / per;
+        __m512 d;
+        if constexpr (L::half_d) d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(L::halves(grp, b0, 0))));
+        else d = _mm512_load_ps(L::floats(grp, b0, 0));
+        __m512 acc[R];
+        for (int r = 0; r < R; ++r)
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(a[r].kd[sb])), _mm512_cvtepi32_ps(total[r]),
+                                     _mm512_loadu_ps(dst[r]));
+        if constexpr (MIN) {
+            // sum_j min factor_j * (sum of the block's activation q), two blocks per vpdpwssd.
+            const __m512i low16 = _mm512_set1_epi32(0xFFFF);
+            for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_si512();
+            for (int j = 0; j < per; j += 2) {
+                const auto factors = [&](int b) {
+                    return _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(L::factors(grp, b, 1))));
+                };
+                const __m512i pair = _mm512_or_si512(_mm512_and_si512(factors(b0 + j), low16),
+                                                     _mm512_slli_epi32(factors(b0 + j + 1), 16));
+                for (int r = 0; r < R; ++r) {
+                    const int16_t* sums = (block == 32 ? a[r].kp32 : a[r].kp16) + b0 + j;
+                    total[r] = _mm512_dpwssd_epi32(total[r], pair, _mm512_set1_epi32(load_i32(sums)));
+                }
+            }
+            const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(L::halves(grp, b0, 1))));
+            for (int r = 0; r < R; ++r)
+                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dmin, _mm512_set1_ps(a[r].kd[sb])), _mm512_cvtepi32_ps(total[r]), acc[r]);
+        }
+        for (int r = 0; r < R; ++r) _mm512_storeu_ps(dst[r], acc[r]);
+    }
+}
+
 template <int FMT, bool MIN, bool ZERO8, bool SUP, int R>
 void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst, const void*) {
+    if constexpr (SUP) {
+        tile_super<FMT, MIN, R>(grp, nblk, a, dst);
+        return;
+    }
     constexpr int block = Fmt<FMT>::block;
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -516,9 +649,66 @@ void half_tile(const uint8_t* grp, const __m256i* u, int h, int nblk, const Acts
     for (int r = 0; r < R; ++r) _mm256_storeu_ps(dst[r] + 8 * h, acc[r]);
 }
 
+// Half h of a k-quant's group (FLAG_SUPER): as the AVX-512 tile_super, 8 columns at a time.
+template <int FMT, bool MIN, int R, bool UNPACKED>
+void half_tile_super(const uint8_t* grp, const __m256i* u, int h, int nblk, const ActsRow* a, float* const* dst) {
+    using L = Blocks<FMT, MIN, true>;
+    constexpr int block = Fmt<FMT>::block, per = L::per_super;
+    ActsRow view[R];
+    for (int r = 0; r < R; ++r) view[r] = super_view(a[r]);
+    if (UNPACKED) u += size_t(h) * nblk * 8;
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int b0 = 0; b0 < nblk; b0 += per) {
+        __m256i total[R];
+        for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_si256();
+        for (int j = 0; j < per; ++j) {
+            const int b = b0 + j;
+            const uint8_t* rec = L::quants(grp, b);
+            if (R > 1 && h == 0 && !UNPACKED) prefetch_ahead<FMT>(rec);
+            __m256i isum[R];
+            block_sums<FMT, false, R>(rec, UNPACKED ? u + 8 * b : nullptr, h, view, b * block, b, isum);
+            const __m256i f = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(L::factors(grp, b, 0) + 8 * h)));
+            for (int r = 0; r < R; ++r) total[r] = _mm256_add_epi32(total[r], _mm256_mullo_epi32(isum[r], f));
+        }
+        const int sb = b0 / per;
+        __m256 d;
+        if constexpr (L::half_d) d = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(L::halves(grp, b0, 0) + 8 * h)));
+        else d = _mm256_load_ps(L::floats(grp, b0, 0) + 8 * h);
+        for (int r = 0; r < R; ++r)
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(a[r].kd[sb])), _mm256_cvtepi32_ps(total[r]), acc[r]);
+        if constexpr (MIN) {
+            // sum_j min factor_j * (sum of the block's activation q), two blocks per pmaddwd.
+            for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_si256();
+            for (int j = 0; j < per; j += 2) {
+                const auto factors = [&](int b) {
+                    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(L::factors(grp, b, 1) + 8 * h)));
+                };
+                const __m256i pair = _mm256_or_si256(_mm256_and_si256(factors(b0 + j), _mm256_set1_epi32(0xFFFF)),
+                                                     _mm256_slli_epi32(factors(b0 + j + 1), 16));
+                for (int r = 0; r < R; ++r) {
+                    const int16_t* sums = (block == 32 ? a[r].kp32 : a[r].kp16) + b0 + j;
+                    total[r] = _mm256_add_epi32(total[r], _mm256_madd_epi16(pair, _mm256_set1_epi32(load_i32(sums))));
+                }
+            }
+            const __m256 dmin = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(L::halves(grp, b0, 1) + 8 * h)));
+            for (int r = 0; r < R; ++r)
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, _mm256_set1_ps(a[r].kd[sb])), _mm256_cvtepi32_ps(total[r]), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(dst[r] + 8 * h, acc[r]);
+}
+
 template <int FMT, bool MIN, bool ZERO8, bool SUP, int R>
 void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst, const void* prep) {
     const __m256i* u = static_cast<const __m256i*>(prep);
+    if constexpr (SUP) {
+        for (int h = 0; h < 2; ++h) {
+            if (FMT == LP_W4 && u != nullptr) half_tile_super<FMT, MIN, R, true>(grp, u, h, nblk, a, dst);
+            else half_tile_super<FMT, MIN, R, false>(grp, nullptr, h, nblk, a, dst);
+        }
+        return;
+    }
     for (int h = 0; h < 2; ++h) {
         if (FMT == LP_W4 && u != nullptr) half_tile<FMT, MIN, ZERO8, SUP, R, true>(grp, u, h, nblk, a, dst);
         else half_tile<FMT, MIN, ZERO8, SUP, R, false>(grp, nullptr, h, nblk, a, dst);
@@ -559,8 +749,39 @@ inline float scale_of(const uint8_t* grp, int b, int which, int c) {
     return value * float(L::factors(grp, b, which)[c]);
 }
 
+// A k-quant's super-blocks (FLAG_SUPER), as the SIMD tile_super: exact int32 totals per 256 k
+// (the same integers in any order), then the same float operations lane by lane.
+template <int FMT, bool MIN>
+void tile_super(const uint8_t* grp, int nblk, const ActsRow* a, float* dst) {
+    using L = Blocks<FMT, MIN, true>;
+    constexpr int block = Fmt<FMT>::block, per = L::per_super;
+    const ActsRow v = super_view(*a);
+    for (int c = 0; c < kGroup; ++c) {
+        float acc = 0.0f;
+        for (int b0 = 0; b0 < nblk; b0 += per) {
+            int32_t total = 0, min_total = 0;
+            for (int b = b0; b < b0 + per; ++b) {
+                const uint8_t* rec = L::quants(grp, b);
+                int32_t isum = 0;  // weight_q is the signed q (Q6_K's q - 32 included)
+                for (int j = 0; j < block; ++j) isum += weight_q<FMT>(rec, c, j) * v.q[b * block + j];
+                total += isum * L::factors(grp, b, 0)[c];
+                if (MIN) min_total += L::factors(grp, b, 1)[c] * (block == 32 ? a->kp32[b] : a->kp16[b]);
+            }
+            const float xd = a->kd[b0 / per];
+            const float d = L::half_d ? lp::half_to_float(L::halves(grp, b0, 0)[c]) : L::floats(grp, b0, 0)[c];
+            acc = std::fma(d * xd, float(total), acc);
+            if (MIN) acc = std::fma(lp::half_to_float(L::halves(grp, b0, 1)[c]) * xd, float(min_total), acc);
+        }
+        dst[c] = acc;
+    }
+}
+
 template <int FMT, bool MIN, bool ZERO8, bool SUP, int R>
 void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst, const void*) {
+    if constexpr (SUP) {
+        tile_super<FMT, MIN>(grp, nblk, a, dst[0]);
+        return;
+    }
     constexpr int block = Fmt<FMT>::block;
     static_assert(R == 1, "the generic path works row by row");
     float acc[kGroup] = {};
@@ -679,7 +900,9 @@ void qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y,
     col_end = std::min(col_end, w->n);
     // Row blocks outer, then columns, then row tiles: a group's weights stay in L1 while the
     // block's row tiles read them, and a block's activations stay in L1 or L2 across the groups.
-    const int32_t row_block = std::max<int32_t>(kRowTile, int32_t(kRowBlockBytes / row_bytes) / kRowTile * kRowTile);
+    // The bytes of a row the tiles read: one of its quant arrays (k bytes) and a float or two per block.
+    const size_t read_bytes = size_t(w->k) + size_t(w->k) / 4;
+    const int32_t row_block = std::max<int32_t>(kRowTile, int32_t(kRowBlockBytes / read_bytes) / kRowTile * kRowTile);
     for (int32_t rb = 0; rb < n_rows; rb += row_block) {
         const int32_t rb_end = std::min(n_rows, rb + row_block);
         for (int32_t c0 = col_begin; c0 < col_end; c0 += kGroup)

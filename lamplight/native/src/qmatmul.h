@@ -1,7 +1,8 @@
 /* Low-bit weight x 8-bit activation matrix multiplication (llama.cpp style, batch-invariant).
 
-Activations are quantized per block of 32 to int8 with a float scale; each weight block's dot
-product with them is an exact integer sum, and the float scales are applied after it, in one
+Activations are quantized per block of 32 to int8 with a float scale (and, for the k-quants'
+super-blocks, per 256 as well); each weight block's dot product with them is an exact integer
+sum, and the float scales are applied after it (once per 256 k for the k-quants), in one
 fixed order per output element (see qmatmul.cpp), so every build (generic, avx2, avx512vnni)
 gives bit-identical results, and a row's result never depends on the other rows or columns.
 
