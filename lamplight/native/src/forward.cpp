@@ -1,6 +1,7 @@
 #include "forward.h"
 
 #include <algorithm>
+#include <type_traits>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -266,6 +267,77 @@ void weigh_values(const float* p, const float* values, int64_t n, int d, float i
     }
 }
 
+#if defined(__AVX2__)
+// Query heads of one KV group that share each key's and value's loads: 4 where AVX-512's 32
+// vector registers hold their 16 accumulators, 2 with AVX2's 16.
+#if defined(__AVX512F__)
+constexpr int kHeadsTogether = 4;
+#else
+constexpr int kHeadsTogether = 2;
+#endif
+
+// score_keys for H heads at once, four keys at a time: each head and key keeps its own 8-lane
+// chain over d and score_keys' reduction tree, ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), so every
+// score is score_keys' bits; the heads share each key's loads.
+template <int H>
+void score_keys_heads(const float* const* q, const float* keys, int64_t n, int d, float scale, float* const* scores,
+                      const float* zeros) {
+    for (int64_t j0 = 0; j0 < n; j0 += 4) {
+        int count = (int)std::min<int64_t>(4, n - j0);
+        const float* k[4];
+        for (int j = 0; j < 4; j++) k[j] = j < count ? keys + (j0 + j) * d : zeros;
+        __m256 a[H][4];
+        for (int h = 0; h < H; h++)
+            for (int j = 0; j < 4; j++) a[h][j] = _mm256_setzero_ps();
+        for (int i = 0; i < d; i += 8) {
+            __m256 kv[4];
+            for (int j = 0; j < 4; j++) kv[j] = _mm256_loadu_ps(k[j] + i);
+            for (int h = 0; h < H; h++) {
+                __m256 qv = _mm256_loadu_ps(q[h] + i);
+                for (int j = 0; j < 4; j++) a[h][j] = _mm256_fmadd_ps(qv, kv[j], a[h][j]);
+            }
+        }
+        for (int h = 0; h < H; h++) {
+            __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a[h][0], a[h][1]), _mm256_hadd_ps(a[h][2], a[h][3]));
+            __m128 sums = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+            float out[4];
+            _mm_storeu_ps(out, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+            for (int j = 0; j < count; j++) scores[h][j0 + j] = out[j];
+        }
+    }
+}
+
+// weigh_values for H heads at once, 32 values of d at a time: each output value is the same
+// chain of fmas in key order (weigh_values' bits); the heads share each value's loads.
+template <int H>
+void weigh_values_heads(const float* const* p, const float* values, int64_t n, int d, const float* inv_sum,
+                        float* const* out) {
+    int i0 = 0;
+    for (; i0 + 32 <= d; i0 += 32) {
+        __m256 a[H][4];
+        for (int h = 0; h < H; h++)
+            for (int l = 0; l < 4; l++) a[h][l] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < n; j++) {
+            const float* v = values + j * d + i0;
+            __m256 vv[4];
+            for (int l = 0; l < 4; l++) vv[l] = _mm256_loadu_ps(v + 8 * l);
+            for (int h = 0; h < H; h++) {
+                __m256 w = _mm256_set1_ps(p[h][j]);
+                for (int l = 0; l < 4; l++) a[h][l] = _mm256_fmadd_ps(w, vv[l], a[h][l]);
+            }
+        }
+        for (int h = 0; h < H; h++)
+            for (int l = 0; l < 4; l++) _mm256_storeu_ps(out[h] + i0 + 8 * l, _mm256_mul_ps(a[h][l], _mm256_set1_ps(inv_sum[h])));
+    }
+    for (int h = 0; h < H && i0 < d; h++) {
+        float acc[32] = {0};
+        for (int64_t j = 0; j < n; j++)
+            for (int i = i0; i < d; i++) acc[i - i0] = std::fma(p[h][j], values[j * d + i], acc[i - i0]);
+        for (int i = i0; i < d; i++) out[h][i] = acc[i - i0] * inv_sum[h];
+    }
+}
+#endif
+
 // The keys and values a row attends to, as float32 rows: [first, pos] of its sequence.
 struct KeyRange {
     int64_t first, n;
@@ -288,16 +360,38 @@ void attend_rows(const LpConfig& c, const float* q, const float* keys, const flo
     float* scores = grow(scratch, (size_t)n * group + dk);
     float* zeros = scores + n * group;
     std::memset(zeros, 0, dk * sizeof(float));
-    for (int i = 0; i < group; i++) {
+    // Head i's softmax over its scores; returns 1 / (its sum).
+    auto softmax = [&](int i) {
         float* s = scores + i * n;
-        score_keys(q + i * dk, keys, n, dk, c.attn_scale, s, zeros);
         if (c.attn_softcap > 0.0f)
             for (int64_t j = 0; j < n; j++) s[j] = std::tanh(s[j] / c.attn_softcap) * c.attn_softcap;
         float mx = std::max(sinks ? sinks[i] : -INFINITY, lp::max_of(s, n));
         for (int64_t j = 0; j < n; j++) s[j] = exp_approx(s[j] - mx);
         float sum = lp::sum_of(s, n);
         if (sinks) sum += exp_approx(sinks[i] - mx);
-        weigh_values(s, values, n, dv, 1.0f / sum, out + (int64_t)i * dv);
+        return 1.0f / sum;
+    };
+    int i = 0;
+#if defined(__AVX2__)
+    // Heads in runs that share the loads (the same bits as one at a time).
+    auto together = [&](auto heads) {
+        constexpr int H = decltype(heads)::value;
+        const float* qs[H];
+        float* ss[H];
+        float* outs[H];
+        float inv[H];
+        for (int h = 0; h < H; h++) qs[h] = q + (int64_t)(i + h) * dk, ss[h] = scores + (i + h) * n, outs[h] = out + (int64_t)(i + h) * dv;
+        score_keys_heads<H>(qs, keys, n, dk, c.attn_scale, ss, zeros);
+        for (int h = 0; h < H; h++) inv[h] = softmax(i + h);
+        weigh_values_heads<H>(ss, values, n, dv, inv, outs);
+        i += H;
+    };
+    while (group - i >= kHeadsTogether) together(std::integral_constant<int, kHeadsTogether>());
+    while (group - i >= 2) together(std::integral_constant<int, 2>());
+#endif
+    for (; i < group; i++) {
+        score_keys(q + i * dk, keys, n, dk, c.attn_scale, scores + i * n, zeros);
+        weigh_values(scores + i * n, values, n, dv, softmax(i), out + (int64_t)i * dv);
     }
 }
 
