@@ -268,69 +268,80 @@ void weigh_values(const float* p, const float* values, int64_t n, int d, float i
 }
 
 #if defined(__AVX2__)
-// Query heads of one KV group that share each key's and value's loads: 4 where AVX-512's 32
-// vector registers hold their 16 accumulators, 2 with AVX2's 16.
+// Calls fn(std::integral_constant<int, H>(), first head) for runs of heads covering [0, group):
+// as many as share loads, largest first (AVX-512 holds the accumulators of 4 or 3, AVX2 of 2).
+template <class Fn>
+void head_runs(int group, Fn&& fn) {
+    int h = 0;
 #if defined(__AVX512F__)
-constexpr int kHeadsTogether = 4;
-#else
-constexpr int kHeadsTogether = 2;
+    for (; group - h >= 4; h += 4) fn(std::integral_constant<int, 4>(), h);
+    for (; group - h >= 3; h += 3) fn(std::integral_constant<int, 3>(), h);
 #endif
+    for (; group - h >= 2; h += 2) fn(std::integral_constant<int, 2>(), h);
+    for (; h < group; h++) fn(std::integral_constant<int, 1>(), h);
+}
 
-// score_keys for H heads at once, four keys at a time: each head and key keeps its own 8-lane
-// chain over d and score_keys' reduction tree, ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), so every
-// score is score_keys' bits; the heads share each key's loads.
+// score_keys for H heads at once, J keys at a time (4, or 8 for one head: eight independent
+// chains keep the FMA units busy): each head and key keeps its own 8-lane chain over d and
+// score_keys' reduction tree, ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), so every score is
+// score_keys' bits; the heads share each key's loads.
 template <int H>
 void score_keys_heads(const float* const* q, const float* keys, int64_t n, int d, float scale, float* const* scores,
                       const float* zeros) {
-    for (int64_t j0 = 0; j0 < n; j0 += 4) {
-        int count = (int)std::min<int64_t>(4, n - j0);
-        const float* k[4];
-        for (int j = 0; j < 4; j++) k[j] = j < count ? keys + (j0 + j) * d : zeros;
-        __m256 a[H][4];
+    constexpr int J = H == 1 ? 8 : 4;
+    for (int64_t j0 = 0; j0 < n; j0 += J) {
+        int count = (int)std::min<int64_t>(J, n - j0);
+        const float* k[J];
+        for (int j = 0; j < J; j++) k[j] = j < count ? keys + (j0 + j) * d : zeros;
+        __m256 a[H][J];
         for (int h = 0; h < H; h++)
-            for (int j = 0; j < 4; j++) a[h][j] = _mm256_setzero_ps();
+            for (int j = 0; j < J; j++) a[h][j] = _mm256_setzero_ps();
         for (int i = 0; i < d; i += 8) {
-            __m256 kv[4];
-            for (int j = 0; j < 4; j++) kv[j] = _mm256_loadu_ps(k[j] + i);
+            __m256 kv[J];
+            for (int j = 0; j < J; j++) kv[j] = _mm256_loadu_ps(k[j] + i);
             for (int h = 0; h < H; h++) {
                 __m256 qv = _mm256_loadu_ps(q[h] + i);
-                for (int j = 0; j < 4; j++) a[h][j] = _mm256_fmadd_ps(qv, kv[j], a[h][j]);
+                for (int j = 0; j < J; j++) a[h][j] = _mm256_fmadd_ps(qv, kv[j], a[h][j]);
             }
         }
-        for (int h = 0; h < H; h++) {
-            __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a[h][0], a[h][1]), _mm256_hadd_ps(a[h][2], a[h][3]));
-            __m128 sums = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
-            float out[4];
-            _mm_storeu_ps(out, _mm_mul_ps(sums, _mm_set1_ps(scale)));
-            for (int j = 0; j < count; j++) scores[h][j0 + j] = out[j];
-        }
+        for (int h = 0; h < H; h++)
+            for (int j4 = 0; j4 < J; j4 += 4) {
+                __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a[h][j4], a[h][j4 + 1]), _mm256_hadd_ps(a[h][j4 + 2], a[h][j4 + 3]));
+                __m128 sums = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+                float out[4];
+                _mm_storeu_ps(out, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+                for (int j = j4; j < std::min(count, j4 + 4); j++) scores[h][j0 + j] = out[j - j4];
+            }
     }
 }
 
-// weigh_values for H heads at once, 32 values of d at a time: each output value is the same
-// chain of fmas in key order (weigh_values' bits); the heads share each value's loads.
+// weigh_values for H heads at once, 32 values of d at a time (64 for one head, eight chains as
+// weigh_values): each output value is the same chain of fmas in key order (weigh_values' bits);
+// the heads share each value's loads.
 template <int H>
 void weigh_values_heads(const float* const* p, const float* values, int64_t n, int d, const float* inv_sum,
                         float* const* out) {
+    constexpr int W = H == 1 ? 64 : 32, L = W / 8;
     int i0 = 0;
-    for (; i0 + 32 <= d; i0 += 32) {
-        __m256 a[H][4];
+    for (; i0 + W <= d; i0 += W) {
+        __m256 a[H][L];
         for (int h = 0; h < H; h++)
-            for (int l = 0; l < 4; l++) a[h][l] = _mm256_setzero_ps();
+            for (int l = 0; l < L; l++) a[h][l] = _mm256_setzero_ps();
         for (int64_t j = 0; j < n; j++) {
             const float* v = values + j * d + i0;
-            __m256 vv[4];
-            for (int l = 0; l < 4; l++) vv[l] = _mm256_loadu_ps(v + 8 * l);
+            __m256 vv[L];
+            for (int l = 0; l < L; l++) vv[l] = _mm256_loadu_ps(v + 8 * l);
             for (int h = 0; h < H; h++) {
                 __m256 w = _mm256_set1_ps(p[h][j]);
-                for (int l = 0; l < 4; l++) a[h][l] = _mm256_fmadd_ps(w, vv[l], a[h][l]);
+                for (int l = 0; l < L; l++) a[h][l] = _mm256_fmadd_ps(w, vv[l], a[h][l]);
             }
         }
         for (int h = 0; h < H; h++)
-            for (int l = 0; l < 4; l++) _mm256_storeu_ps(out[h] + i0 + 8 * l, _mm256_mul_ps(a[h][l], _mm256_set1_ps(inv_sum[h])));
+            for (int l = 0; l < L; l++)
+                _mm256_storeu_ps(out[h] + i0 + 8 * l, _mm256_mul_ps(a[h][l], _mm256_set1_ps(inv_sum[h])));
     }
     for (int h = 0; h < H && i0 < d; h++) {
-        float acc[32] = {0};
+        float acc[W] = {0};
         for (int64_t j = 0; j < n; j++)
             for (int i = i0; i < d; i++) acc[i - i0] = std::fma(p[h][j], values[j * d + i], acc[i - i0]);
         for (int i = i0; i < d; i++) out[h][i] = acc[i - i0] * inv_sum[h];
@@ -352,6 +363,17 @@ KeyRange key_range(const LpLayer& layer, const LpBatch& b, int r) {
     return {first, key_end(b, r) - first};
 }
 
+// Softmax of one head's n scores in place (softcap, the sink's logit, exp); returns 1 / sum.
+float softmax_scores(const LpConfig& c, float* s, int64_t n, const float* sink) {
+    if (c.attn_softcap > 0.0f)
+        for (int64_t j = 0; j < n; j++) s[j] = std::tanh(s[j] / c.attn_softcap) * c.attn_softcap;
+    float mx = std::max(sink ? *sink : -INFINITY, lp::max_of(s, n));
+    for (int64_t j = 0; j < n; j++) s[j] = exp_approx(s[j] - mx);
+    float sum = lp::sum_of(s, n);
+    if (sink) sum += exp_approx(*sink - mx);
+    return 1.0f / sum;
+}
+
 // `sinks`: the group's attention-sink logits (one per query head, joining each softmax without
 // a value: gpt-oss), or null.
 void attend_rows(const LpConfig& c, const float* q, const float* keys, const float* values, int64_t n,
@@ -360,21 +382,10 @@ void attend_rows(const LpConfig& c, const float* q, const float* keys, const flo
     float* scores = grow(scratch, (size_t)n * group + dk);
     float* zeros = scores + n * group;
     std::memset(zeros, 0, dk * sizeof(float));
-    // Head i's softmax over its scores; returns 1 / (its sum).
-    auto softmax = [&](int i) {
-        float* s = scores + i * n;
-        if (c.attn_softcap > 0.0f)
-            for (int64_t j = 0; j < n; j++) s[j] = std::tanh(s[j] / c.attn_softcap) * c.attn_softcap;
-        float mx = std::max(sinks ? sinks[i] : -INFINITY, lp::max_of(s, n));
-        for (int64_t j = 0; j < n; j++) s[j] = exp_approx(s[j] - mx);
-        float sum = lp::sum_of(s, n);
-        if (sinks) sum += exp_approx(sinks[i] - mx);
-        return 1.0f / sum;
-    };
-    int i = 0;
+    auto softmax = [&](int i) { return softmax_scores(c, scores + i * n, n, sinks ? sinks + i : nullptr); };
 #if defined(__AVX2__)
     // Heads in runs that share the loads (the same bits as one at a time).
-    auto together = [&](auto heads) {
+    head_runs(group, [&](auto heads, int i) {
         constexpr int H = decltype(heads)::value;
         const float* qs[H];
         float* ss[H];
@@ -384,15 +395,13 @@ void attend_rows(const LpConfig& c, const float* q, const float* keys, const flo
         score_keys_heads<H>(qs, keys, n, dk, c.attn_scale, ss, zeros);
         for (int h = 0; h < H; h++) inv[h] = softmax(i + h);
         weigh_values_heads<H>(ss, values, n, dv, inv, outs);
-        i += H;
-    };
-    while (group - i >= kHeadsTogether) together(std::integral_constant<int, kHeadsTogether>());
-    while (group - i >= 2) together(std::integral_constant<int, 2>());
-#endif
-    for (; i < group; i++) {
+    });
+#else
+    for (int i = 0; i < group; i++) {
         score_keys(q + i * dk, keys, n, dk, c.attn_scale, scores + i * n, zeros);
         weigh_values(scores + i * n, values, n, dv, softmax(i), out + (int64_t)i * dv);
     }
+#endif
 }
 
 void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const LpKV& kv, const float* qkv, int n_qkv,
