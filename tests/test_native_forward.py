@@ -144,6 +144,27 @@ def test_instruction_set_builds_agree(tiny):
         assert torch.equal(logits, first), variant
 
 
+@pytest.mark.parametrize("n_heads, n_kv, head_dim", [(4, 4, 48), (2, 1, 48), (6, 2, 64), (8, 2, 32), (5, 1, 64),
+                                                    (7, 1, 32)])
+def test_query_heads_sharing_loads_give_each_heads_bits(tmp_path, n_heads, n_kv, head_dim):
+    """Attention runs a KV group's query heads 4, 3 or 2 at a time where the build holds their
+    accumulators (sharing each key's and value's loads), the rest one at a time; every head's
+    scores and outputs are the one-head kernels' (the generic build's), for prompt and decode
+    rows, whole 32-value chunks of a head or a tail."""
+    path = write_tiny_llama(tmp_path / "heads.gguf", n_embd=n_heads * head_dim, n_heads=n_heads, n_kv=n_kv)
+    results = {}
+    for variant in VARIANTS:
+        model = runner_for(path)
+        cache = _cache(model)
+        table = BlockTable(cache)
+        results[variant] = _run(_native(model, variant), [[(table, _ids(37), 0)], [(table, _ids(3, 5), 37)],
+                                                          [(table, [9], 40)]], cache)
+    first = results[VARIANTS[-1]]
+    for variant, steps in results.items():
+        for got, want in zip(steps, first):
+            assert torch.equal(got, want), variant
+
+
 @pytest.mark.parametrize("qtype", [Q.F16, Q.BF16])
 def test_half_precision_weights_are_read_as_stored_and_give_the_float32_bits(tmp_path, qtype, monkeypatch):
     """F16 and BF16 weights stay 2 bytes a value (half what float32 reads) and are widened exactly

@@ -80,15 +80,17 @@ def _add_norm(w: GGUFWriter, rng: np.random.Generator, name: str, n: int) -> Non
 
 def write_tiny_llama(path: str | Path, seed: int = 0, n_layers: int = 2, n_ctx: int = 256, qtype: Q = Q.Q8_0,
                      n_embd: int = 64, split_max_tensors: int = 0, controls: list[str] = (),
-                     keys: dict | None = None, output_qtype: Q | None = None) -> Path:
+                     keys: dict | None = None, output_qtype: Q | None = None, n_heads: int = 4,
+                     n_kv: int = 2) -> Path:
     """A tiny random llama file; with `split_max_tensors`, split as llama.cpp's gguf-split does
     (PATH-00001-of-0000N.gguf ...; the first part's path is returned); `controls`: control tokens
     added at the end of the vocabulary; `keys`: more `llama.*` keys (e.g. rope scaling);
-    `output_qtype`: an output head of its own of this type (else the embeddings are tied)."""
+    `output_qtype`: an output head of its own of this type (else the embeddings are tied);
+    `n_heads` query heads of n_embd / n_heads values sharing `n_kv` KV heads."""
     rng = np.random.default_rng(seed)
     tokens, types, merges, ids = _bpe_vocab()
     tokens, types = tokens + list(controls), types + [3] * len(controls)
-    n_vocab, n_heads, n_kv, n_ff = len(tokens), 4, 2, 2 * n_embd
+    n_vocab, n_ff = len(tokens), 2 * n_embd
     head_dim = n_embd // n_heads
     w = _writer(path, "llama", n_layers, n_ctx, n_embd, n_ff, n_heads, n_kv, split_max_tensors)
     w.add_rope_freq_base(10000.0)
