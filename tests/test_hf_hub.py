@@ -147,6 +147,11 @@ def test_a_download_cut_off_in_one_run_resumes_in_the_next(tmp_path):
     assert os.path.islink(path) and os.path.realpath(path) == str(partial.with_suffix("").resolve())
 
 
+# `lamplight ARGS...` with Python's KeyboardInterrupt handler on SIGINT, whatever the parent ignores.
+_WITH_CTRL_C = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                "from lamplight.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
 def test_ctrl_c_keeps_the_partial_download_for_the_next_run(tmp_path):
     big = os.urandom(3 * 2**20)
     # The transfer stalls at `hold` until the test releases it, after the Ctrl-C, however slow the
@@ -155,7 +160,9 @@ def test_ctrl_c_keeps_the_partial_download_for_the_next_run(tmp_path):
     with FakeHub({BIG: FakeRepo({BIG_FILE: big}, hold_after={BIG_FILE: hold})}) as hub:
         # No read timeout during the stall either: a retry would not be the Ctrl-C this test is about.
         env = {**_env(hub.url, tmp_path), "HF_HUB_DOWNLOAD_TIMEOUT": "3600"}
-        process = subprocess.Popen([sys.executable, "-m", "lamplight.cli", "pull", BIG], env=env,
+        # Python keeps SIGINT ignored when it starts with it ignored (as a shell's background job
+        # does), and then Ctrl-C would never reach the pull: the child takes the default handler.
+        process = subprocess.Popen([sys.executable, "-c", _WITH_CTRL_C, "pull", BIG], env=env,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         partial = _partial(tmp_path, big)
         deadline = time.monotonic() + 120
