@@ -57,9 +57,9 @@ constexpr int kGroup = LP_COL_GROUP;
 //   sum int32[nb]   sum(q of the block)                 (LP_FLAG_ZERO8's -8 * sum)
 //   sum16 int32[2nb] sum(q of each half)                (LP_W6's -32 * sum)
 // then the same per super-block of 256 (FLAG_SUPER: the k-quants, as llama.cpp's Q8_K):
-//   kq, kqu int8/uint8[k], kd float[ns], ksum16 int32[k/16], ksum32 int32[k/32] (unused, kept
-//   beside ksum16 so a row's view has both), and kp16 int16[k/16], kp32 int16[k/32]: the same
-//   sums as int16 (|sum| <= 32 * 127), two adjacent blocks' read as one int32 pair.
+//   kq, kqu int8/uint8[k], kd float[ns], ksum16 int32[k/16] (LP_W6's -32 * sum), and kp16
+//   int16[k/16], kp32 int16[k/32]: the blocks' sums as int16 (|sum| <= 32 * 127), two adjacent
+//   blocks' read as one int32 pair (the mins' term).
 struct ActsRow {
     const int8_t* q;
     const uint8_t* qu;
@@ -73,7 +73,6 @@ struct ActsRow {
     const uint8_t* kqu;
     const float* kd;
     const int32_t* ksum16;
-    const int32_t* ksum32;
     const int16_t* kp16;
     const int16_t* kp32;
 };
@@ -83,8 +82,8 @@ constexpr int kSuper = 256;  // k per super-block (LP_FLAG_SUPER)
 size_t block32_bytes(int k) { return 2 * size_t(k) + size_t(k / kActBlock) * 4 * (1 + 1 + 2 + 1 + 2); }
 
 size_t acts_used_bytes(int k) {
-    return block32_bytes(k) + 2 * size_t(k) + size_t(k / kSuper) * 4 + size_t(k / 16) * 4 + size_t(k / 32) * 4 +
-           size_t(k / 16) * 2 + size_t(k / 32) * 2;
+    return block32_bytes(k) + 2 * size_t(k) + size_t(k / kSuper) * 4 + size_t(k / 16) * 4 + size_t(k / 16) * 2 +
+           size_t(k / 32) * 2;
 }
 
 size_t acts_bytes(int k) { return (acts_used_bytes(k) + 63) / 64 * 64; }
@@ -96,17 +95,17 @@ ActsRow acts_row(const uint8_t* base, int k) {
     const uint8_t* super = base + block32_bytes(k);
     const float* kd = reinterpret_cast<const float*>(super + 2 * size_t(k));
     const int32_t* ksum16 = reinterpret_cast<const int32_t*>(kd + k / kSuper);
-    const int32_t* ksum32 = ksum16 + k / 16;
-    const int16_t* kp16 = reinterpret_cast<const int16_t*>(ksum32 + k / 32);
+    const int16_t* kp16 = reinterpret_cast<const int16_t*>(ksum16 + k / 16);
     return {reinterpret_cast<const int8_t*>(base), base + k, d, d + nb, d + 2 * nb, sum, sum + nb,
-            reinterpret_cast<const int8_t*>(super), super + k, kd, ksum16, ksum32, kp16, kp16 + k / 16};
+            reinterpret_cast<const int8_t*>(super), super + k, kd, ksum16, kp16, kp16 + k / 16};
 }
 
 // The row as the k-quant tiles read it: the super-block quants where the block formats' tiles
-// read theirs (q, qu, sum, sum16), so one block_sums serves both.
+// read theirs (q, qu, sum16), so one block_sums serves both (sum, LP_FLAG_ZERO8's, is never a
+// k-quant's).
 ActsRow super_view(const ActsRow& a) {
     ActsRow v = a;
-    v.q = a.kq, v.qu = a.kqu, v.sum = a.ksum32, v.sum16 = a.ksum16;
+    v.q = a.kq, v.qu = a.kqu, v.sum = nullptr, v.sum16 = a.ksum16;
     return v;
 }
 
@@ -248,10 +247,10 @@ void quantize_row(const float* x, int k, uint8_t* out) {
     uint8_t* kqu = super + k;
     float* kd = reinterpret_cast<float*>(super + 2 * size_t(k));
     int32_t* ksum16 = reinterpret_cast<int32_t*>(kd + k / kSuper);
-    int32_t* ksum32 = ksum16 + k / 16;
-    int16_t* kp16 = reinterpret_cast<int16_t*>(ksum32 + k / 32);
+    int16_t* kp16 = reinterpret_cast<int16_t*>(ksum16 + k / 16);
     int16_t* kp32 = kp16 + k / 16;
-    std::memset(super, 0, acts_used_bytes(k) - block32_bytes(k));
+    // Whole super-blocks write every byte below; a k past the last one leaves a tail to clear.
+    if (k % kSuper != 0) std::memset(super, 0, acts_used_bytes(k) - block32_bytes(k));
     constexpr int per = kSuper / kActBlock;
     for (int sb = 0; sb < k / kSuper; ++sb) {
         int32_t halves[per][2];
@@ -260,9 +259,8 @@ void quantize_row(const float* x, int k, uint8_t* out) {
         for (int j = 0; j < per; ++j) {
             const int b = b0 + j;
             ksum16[2 * b] = halves[j][0], ksum16[2 * b + 1] = halves[j][1];
-            ksum32[b] = halves[j][0] + halves[j][1];
             kp16[2 * b] = int16_t(halves[j][0]), kp16[2 * b + 1] = int16_t(halves[j][1]);
-            kp32[b] = int16_t(ksum32[b]);
+            kp32[b] = int16_t(halves[j][0] + halves[j][1]);
         }
     }
     std::memset(out + acts_used_bytes(k), 0, acts_bytes(k) - acts_used_bytes(k));  // deterministic padding
