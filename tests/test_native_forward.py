@@ -144,18 +144,20 @@ def test_instruction_set_builds_agree(tiny):
         assert torch.equal(logits, first), variant
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("n_heads, n_kv, head_dim", [(4, 4, 48), (2, 1, 48), (6, 2, 64), (8, 2, 32), (5, 1, 64),
-                                                    (7, 1, 32)])
-def test_query_heads_sharing_loads_give_each_heads_bits(tmp_path, n_heads, n_kv, head_dim):
+                                                    (7, 1, 32), (3, 1, 128)])
+def test_query_heads_sharing_loads_give_each_heads_bits(tmp_path, n_heads, n_kv, head_dim, kv_dtype):
     """Attention runs a KV group's query heads 4, 3 or 2 at a time where the build holds their
     accumulators (sharing each key's and value's loads), the rest one at a time; every head's
     scores and outputs are the one-head kernels' (the generic build's), for prompt and decode
-    rows, whole 32-value chunks of a head or a tail."""
+    rows, whole 32- or 64-value passes over a head or a tail. An fp16 pool is read in place by
+    the vector builds (converted to float32 rows first by the generic one): the same bits."""
     path = write_tiny_llama(tmp_path / "heads.gguf", n_embd=n_heads * head_dim, n_heads=n_heads, n_kv=n_kv)
     results = {}
     for variant in VARIANTS:
         model = runner_for(path)
-        cache = _cache(model)
+        cache = _cache(model, kv_dtype)
         table = BlockTable(cache)
         results[variant] = _run(_native(model, variant), [[(table, _ids(37), 0)], [(table, _ids(3, 5), 37)],
                                                           [(table, [9], 40)]], cache)

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "half.h"
 #include "kv_rows.h"
 #include "linear.h"
 #include "pool.h"
@@ -182,8 +183,9 @@ void prepare_row(const Model& m, const LpLayer& layer, int layer_index, const Lp
 }
 
 // ---------------------------------------------------------------------------------------------
-// Attention of one row's query heads sharing KV head `g`. Its keys and values are converted to
-// float32 once (`n` rows of the task's scratch), scores are computed eight keys at a time with
+// Attention of one row's query heads sharing KV head `g`. Its keys and values are read as fp16
+// where they are (the default KV type, AVX2 builds) or converted to float32 first (`n` rows of
+// the task's scratch, or once for a chunk's rows), scores are computed eight keys at a time with
 // one transposing reduction for the eight (the AVX2 hadd tree; the generic build adds in the
 // same order), softmax per head, then each head's output accumulates the values in key order.
 // Every step depends only on this row's own keys, so the result is the same in any batch.
@@ -281,24 +283,51 @@ void head_runs(int group, Fn&& fn) {
     for (; h < group; h++) fn(std::integral_constant<int, 1>(), h);
 }
 
+// Where the kernels below read the rows of keys or values: float32 rows one after another (a
+// chunk's keys converted once, or a KV type converted per row), or the pool's fp16 rows at their
+// slots, read in place. fp16 converts to float32 exactly, so both give a row the same bits; read
+// in place, a decode row's keys cross memory once, as fp16, instead of being written out as
+// float32 and read back.
+struct F32Rows {
+    using T = float;
+    const float* base;
+    int d;
+    const float* zero;  // d zeros: the missing keys of a last group
+    const float* row(int64_t j) const { return base + j * d; }
+    static __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+    static float at(const float* p, int i) { return p[i]; }
+};
+
+struct F16PoolRows {
+    using T = uint16_t;
+    const uint16_t* base;  // the KV head's first pool row
+    const int64_t* slots;  // row j's pool slot
+    int d;
+    const uint16_t* zero;
+    const uint16_t* row(int64_t j) const { return base + slots[j] * d; }
+    static __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+    static float at(const uint16_t* p, int i) { return lp::half_to_float(p[i]); }
+};
+
+const uint16_t zero_halves[LP_MAX_HEAD_DIM] = {};  // fp16 +0.0
+
 // score_keys for H heads at once, J keys at a time (4, or 8 for one head: eight independent
 // chains keep the FMA units busy): each head and key keeps its own 8-lane chain over d and
 // score_keys' reduction tree, ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), so every score is
 // score_keys' bits; the heads share each key's loads.
-template <int H>
-void score_keys_heads(const float* const* q, const float* keys, int64_t n, int d, float scale, float* const* scores,
-                      const float* zeros) {
+template <int H, class Rows>
+void score_keys_heads(const float* const* q, const Rows& keys, int64_t n, int d, float scale, float* const* scores) {
     constexpr int J = H == 1 ? 8 : 4;
     for (int64_t j0 = 0; j0 < n; j0 += J) {
         int count = (int)std::min<int64_t>(J, n - j0);
-        const float* k[J];
-        for (int j = 0; j < J; j++) k[j] = j < count ? keys + (j0 + j) * d : zeros;
+        const typename Rows::T* k[J];
+        for (int j = 0; j < J; j++) k[j] = j < count ? keys.row(j0 + j) : keys.zero;
         __m256 a[H][J];
         for (int h = 0; h < H; h++)
             for (int j = 0; j < J; j++) a[h][j] = _mm256_setzero_ps();
         for (int i = 0; i < d; i += 8) {
             __m256 kv[J];
-            for (int j = 0; j < J; j++) kv[j] = _mm256_loadu_ps(k[j] + i);
+            for (int j = 0; j < J; j++) kv[j] = Rows::load8(k[j] + i);
             for (int h = 0; h < H; h++) {
                 __m256 qv = _mm256_loadu_ps(q[h] + i);
                 for (int j = 0; j < J; j++) a[h][j] = _mm256_fmadd_ps(qv, kv[j], a[h][j]);
@@ -315,25 +344,37 @@ void score_keys_heads(const float* const* q, const float* keys, int64_t n, int d
     }
 }
 
-// weigh_values for H heads at once, 32 values of d at a time (64 for one head, eight chains as
-// weigh_values): each output value is the same chain of fmas in key order (weigh_values' bits);
-// the heads share each value's loads.
+// Values of d one pass of weigh_values_heads accumulates for H heads: 64 (a value row's 64
+// fp16 or float32 values read in one pass, not two) where the H * 8 accumulators, H weights and
+// a value fit in the vector registers (32 with AVX-512, 16 with AVX2), else 32.
 template <int H>
-void weigh_values_heads(const float* const* p, const float* values, int64_t n, int d, const float* inv_sum,
+constexpr int values_per_pass() {
+#if defined(__AVX512F__)
+    return H <= 3 ? 64 : 32;
+#else
+    return H == 1 ? 64 : 32;
+#endif
+}
+
+// weigh_values for H heads at once, values_per_pass<H>() values of d at a time: each output
+// value is the same chain of fmas in key order (weigh_values' bits); the heads share each
+// value's loads.
+template <int H, class Rows>
+void weigh_values_heads(const float* const* p, const Rows& values, int64_t n, int d, const float* inv_sum,
                         float* const* out) {
-    constexpr int W = H == 1 ? 64 : 32, L = W / 8;
+    constexpr int W = values_per_pass<H>(), L = W / 8;
     int i0 = 0;
     for (; i0 + W <= d; i0 += W) {
         __m256 a[H][L];
         for (int h = 0; h < H; h++)
             for (int l = 0; l < L; l++) a[h][l] = _mm256_setzero_ps();
         for (int64_t j = 0; j < n; j++) {
-            const float* v = values + j * d + i0;
-            __m256 vv[L];
-            for (int l = 0; l < L; l++) vv[l] = _mm256_loadu_ps(v + 8 * l);
-            for (int h = 0; h < H; h++) {
-                __m256 w = _mm256_set1_ps(p[h][j]);
-                for (int l = 0; l < L; l++) a[h][l] = _mm256_fmadd_ps(w, vv[l], a[h][l]);
+            const typename Rows::T* v = values.row(j) + i0;
+            __m256 w[H];
+            for (int h = 0; h < H; h++) w[h] = _mm256_set1_ps(p[h][j]);
+            for (int l = 0; l < L; l++) {
+                __m256 vv = Rows::load8(v + 8 * l);
+                for (int h = 0; h < H; h++) a[h][l] = _mm256_fmadd_ps(w[h], vv, a[h][l]);
             }
         }
         for (int h = 0; h < H; h++)
@@ -343,7 +384,7 @@ void weigh_values_heads(const float* const* p, const float* values, int64_t n, i
     for (int h = 0; h < H && i0 < d; h++) {
         float acc[W] = {0};
         for (int64_t j = 0; j < n; j++)
-            for (int i = i0; i < d; i++) acc[i - i0] = std::fma(p[h][j], values[j * d + i], acc[i - i0]);
+            for (int i = i0; i < d; i++) acc[i - i0] = std::fma(p[h][j], Rows::at(values.row(j), i), acc[i - i0]);
         for (int i = i0; i < d; i++) out[h][i] = acc[i - i0] * inv_sum[h];
     }
 }
@@ -374,17 +415,14 @@ float softmax_scores(const LpConfig& c, float* s, int64_t n, const float* sink) 
     return 1.0f / sum;
 }
 
-// `sinks`: the group's attention-sink logits (one per query head, joining each softmax without
-// a value: gpt-oss), or null.
-void attend_rows(const LpConfig& c, const float* q, const float* keys, const float* values, int64_t n,
-                 const float* sinks, float* out, vector<float>& scratch) {
-    int dk = c.head_dim_k, dv = c.head_dim_v, group = c.n_heads / c.n_kv_heads;
-    float* scores = grow(scratch, (size_t)n * group + dk);
-    float* zeros = scores + n * group;
-    std::memset(zeros, 0, dk * sizeof(float));
-    auto softmax = [&](int i) { return softmax_scores(c, scores + i * n, n, sinks ? sinks + i : nullptr); };
 #if defined(__AVX2__)
-    // Heads in runs that share the loads (the same bits as one at a time).
+// attend_rows over keys and values wherever they are (F32Rows, F16PoolRows): heads in runs that
+// share the loads (the same bits as one at a time).
+template <class Rows>
+void attend_rows_in(const LpConfig& c, const float* q, const Rows& keys, const Rows& values, int64_t n,
+                    const float* sinks, float* out, vector<float>& scratch) {
+    int dk = c.head_dim_k, dv = c.head_dim_v, group = c.n_heads / c.n_kv_heads;
+    float* scores = grow(scratch, (size_t)n * group);
     head_runs(group, [&](auto heads, int i) {
         constexpr int H = decltype(heads)::value;
         const float* qs[H];
@@ -392,14 +430,30 @@ void attend_rows(const LpConfig& c, const float* q, const float* keys, const flo
         float* outs[H];
         float inv[H];
         for (int h = 0; h < H; h++) qs[h] = q + (int64_t)(i + h) * dk, ss[h] = scores + (i + h) * n, outs[h] = out + (int64_t)(i + h) * dv;
-        score_keys_heads<H>(qs, keys, n, dk, c.attn_scale, ss, zeros);
-        for (int h = 0; h < H; h++) inv[h] = softmax(i + h);
+        score_keys_heads<H>(qs, keys, n, dk, c.attn_scale, ss);
+        for (int h = 0; h < H; h++) inv[h] = softmax_scores(c, ss[h], n, sinks ? sinks + i + h : nullptr);
         weigh_values_heads<H>(ss, values, n, dv, inv, outs);
     });
+}
+#endif
+
+// `sinks`: the group's attention-sink logits (one per query head, joining each softmax without
+// a value: gpt-oss), or null. keys [n, dk] and values [n, dv] are float32 rows.
+void attend_rows(const LpConfig& c, const float* q, const float* keys, const float* values, int64_t n,
+                 const float* sinks, float* out, vector<float>& scratch) {
+    int dk = c.head_dim_k, dv = c.head_dim_v, group = c.n_heads / c.n_kv_heads;
+#if defined(__AVX2__)
+    thread_local vector<float> zeros;
+    zeros.assign(std::max(dk, dv), 0.0f);
+    attend_rows_in(c, q, F32Rows{keys, dk, zeros.data()}, F32Rows{values, dv, zeros.data()}, n, sinks, out, scratch);
 #else
+    float* scores = grow(scratch, (size_t)n * group + dk);
+    float* zeros = scores + n * group;
+    std::memset(zeros, 0, dk * sizeof(float));
     for (int i = 0; i < group; i++) {
         score_keys(q + i * dk, keys, n, dk, c.attn_scale, scores + i * n, zeros);
-        weigh_values(scores + i * n, values, n, dv, softmax(i), out + (int64_t)i * dv);
+        weigh_values(scores + i * n, values, n, dv,
+                     softmax_scores(c, scores + i * n, n, sinks ? sinks + i : nullptr), out + (int64_t)i * dv);
     }
 #endif
 }
@@ -409,13 +463,19 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
     const LpConfig& c = config_of(m, layer);
     int T = b.n_rows, H = c.n_kv_heads, dk = c.head_dim_k, dv = c.head_dim_v, group = c.n_heads / H;
     int64_t n_attn = (int64_t)c.n_heads * dv;
+#if defined(__AVX2__)
+    // fp16 pools (the default) are read in place by every row; other types are converted.
+    bool in_place = kv.k_type == LP_KV_F16 && kv.v_type == LP_KV_F16;
+#else
+    bool in_place = false;
+#endif
     // Chunks of several rows (consecutive rows with one key list) get shared converted keys.
     vector<SharedKeys>& shared = m.shared;
     vector<int>& chunk_of = m.chunk_of;
     shared.clear();
     chunk_of.assign(T, -1);
     size_t total = 0;
-    for (int r = 0; r < T;) {
+    for (int r = 0; r < T && !in_place;) {
         int end = r + 1;
         while (end < T && b.key_offsets[end] == b.key_offsets[r]) end++;
         if (end - r > 1) {
@@ -461,6 +521,14 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
             return;
         }
         const int64_t* slots = b.key_slots + b.key_offsets[r] + kr.first;
+#if defined(__AVX2__)
+        if (in_place) {
+            F16PoolRows keys{(const uint16_t*)kv.k[li] + (int64_t)g * kv.pool_tokens * dk, slots, dk, zero_halves};
+            F16PoolRows values{(const uint16_t*)kv.v[li] + (int64_t)g * kv.pool_tokens * dv, slots, dv, zero_halves};
+            attend_rows_in(c, q, keys, values, kr.n, sinks, out, scratch);
+            return;
+        }
+#endif
         float* keys = grow(m.thread_scratch[2 * thread + 1], (size_t)kr.n * (dk + dv));
         load_rows(kv.k[li], kv.k_type, (int64_t)g * kv.pool_tokens * dk, slots, kr.n, dk, keys);
         load_rows(kv.v[li], kv.v_type, (int64_t)g * kv.pool_tokens * dv, slots, kr.n, dv, keys + kr.n * dk);
