@@ -64,6 +64,14 @@ __all__ = ["Engine", "RequestHandle", "Slot", "common_prefix"]
 log = logging.getLogger("lamplight.engine")
 
 
+
+def _rows_index(rows: list[int]) -> slice | list[int]:
+    """`rows` as a slice where they are consecutive (a view of the logits, not a copy: a verified
+    draft's rows are, when the runner computes its chunk as decode rows)."""
+    if rows[-1] - rows[0] + 1 == len(rows):
+        return slice(rows[0], rows[-1] + 1)
+    return rows
+
 class Engine:
     def __init__(
         self, runner: ModelRunner, tokenizer, config: EngineConfig | None = None, loras: list[LoraAdapter] | None = None,
@@ -435,7 +443,7 @@ class Engine:
         if sampled_seqs:
             self._sample_and_process(logits[rows], sampled_seqs)
         for seq, seq_rows in verified.items():
-            self._verify(seq, logits[seq_rows])
+            self._verify(seq, logits[_rows_index(seq_rows)])
         if self.draft_policy is not None and decode_only and self._step_drafts is not None:
             n_decode, drafted, model_seconds = self._step_drafts
             self.draft_policy.observe_step(n_decode, drafted, self.stats["generated_tokens"] - generated,
