@@ -61,9 +61,10 @@ struct PhaseTimer {
 
 // ---------------------------------------------------------------------------------------------
 
-// The rows of a prompt chunk share their sequence's keys: converted once per chunk and KV head
-// (phase one), then read by every row (phase two). Converting is exact, so a row's result is
-// the same as if it had converted its keys itself (as single-row chunks do).
+// The rows of a prompt chunk share their sequence's keys: where the pool is not read in place
+// (KV types other than fp16, the generic build), converted once per chunk and KV head (phase
+// one), then read by every row (phase two). Converting is exact, so a row's result is the same
+// as if it had converted its keys itself (as single-row chunks do).
 struct SharedKeys {
     int first_row = 0, n_rows = 0;
     int64_t lo = 0, hi = 0;  // key positions converted: [lo, hi)
