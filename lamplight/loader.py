@@ -140,13 +140,16 @@ def _native_runner(spec: DecoderSpec, device: str, adapters: Sequence[LoraAdapte
     if device != "cpu":
         return None, f"device {device}"
     from .native import runtime
+    from .native.prefetch import choose_one_row_prefetch
     from .native.runner import NativeRunner, NativeUnsupported
 
     lib = runtime.library(progress)
     if lib is None:
         return None, runtime.unavailable_reason()
     try:
-        return _with_adapters(NativeRunner(spec, lib), adapters), None
+        runner = _with_adapters(NativeRunner(spec, lib), adapters)
     except NativeUnsupported as exc:
         log.warning("no native forward for this model (%s): running on PyTorch's kernels", exc)
         return None, f"no native forward: {exc}"
+    choose_one_row_prefetch(runner)
+    return runner, None

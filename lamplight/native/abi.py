@@ -307,6 +307,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.lp_profile.restype = c_int32
     lib.lp_kv_rows.argtypes = [c_int32, c_int32, ctypes.c_void_p, ctypes.c_int64, c_int32, ctypes.c_void_p]
     lib.lp_kv_rows.restype = c_int32
+    lib.lp_set_one_row_prefetch.argtypes = [c_int32]
+    lib.lp_set_one_row_prefetch.restype = c_int32  # the previous setting
     lib.lp_set_threads.argtypes = [c_int32]
     lib.lp_set_threads.restype = c_int32  # LP_OK, or fewer threads started (lp_get_threads says how many)
     lib.lp_get_threads.argtypes = []

@@ -322,6 +322,11 @@ inline int32_t load_i32(const void* p) {
 // prefetchers stop at each 4 KiB page, so the tiles ask for the lines kPrefetchBytes ahead of
 // the block they read (a prefetch never faults, past the end of the weights included).
 constexpr int kPrefetchBytes = LP_PREFETCH_BYTES;
+bool one_row_prefetch = false;  // lp_set_one_row_prefetch
+
+// Whether a tile of R rows prefetches its weights.
+template <int R> inline bool prefetches() { return R > 1 || one_row_prefetch; }
+
 template <int FMT> inline void prefetch_ahead(const uint8_t* rec) {
     if constexpr (kPrefetchBytes > 0)
         for (int line = 0; line < Fmt<FMT>::qbytes; line += 64) __builtin_prefetch(rec + kPrefetchBytes + line, 0, 3);
@@ -428,7 +433,7 @@ void tile_super(const uint8_t* grp, int nblk, const ActsRow* a, float* const* ds
         for (int j = 0; j < per; ++j) {
             const int b = b0 + j;
             const uint8_t* rec = L::quants(grp, b);
-            if constexpr (R > 1) prefetch_ahead<FMT>(rec);
+            if (prefetches<R>()) prefetch_ahead<FMT>(rec);
             __m512i isum[R];
             block_sums<FMT, false, R>(rec, view, b * block, b, isum);
             const __m512i f = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(L::factors(grp, b, 0))));
@@ -478,7 +483,7 @@ void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst, con
         const int kb = b * block;
         __m512i isum[R];
         const uint8_t* rec = Blocks<FMT, MIN, SUP>::quants(grp, b);
-        if constexpr (R > 1) prefetch_ahead<FMT>(rec);
+        if (prefetches<R>()) prefetch_ahead<FMT>(rec);
         block_sums<FMT, ZERO8, R>(rec, a, kb, b, isum);
         const __m512 scale = scales16<FMT, MIN, SUP>(grp, b, 0);
         for (int r = 0; r < R; ++r) {
@@ -632,7 +637,7 @@ void half_tile(const uint8_t* grp, const __m256i* u, int h, int nblk, const Acts
         const int kb = b * block;
         __m256i isum[R];
         const uint8_t* rec = Blocks<FMT, MIN, SUP>::quants(grp, b);
-        if (R > 1 && h == 0 && !UNPACKED) prefetch_ahead<FMT>(rec);
+        if (prefetches<R>() && h == 0 && !UNPACKED) prefetch_ahead<FMT>(rec);
         block_sums<FMT, ZERO8, R>(rec, UNPACKED ? u + 8 * b : nullptr, h, a, kb, b, isum);
         const __m256 scale = scales8<FMT, MIN, SUP>(grp, b, 0, h);
         for (int r = 0; r < R; ++r) {
@@ -663,7 +668,7 @@ void half_tile_super(const uint8_t* grp, const __m256i* u, int h, int nblk, cons
         for (int j = 0; j < per; ++j) {
             const int b = b0 + j;
             const uint8_t* rec = L::quants(grp, b);
-            if (R > 1 && h == 0 && !UNPACKED) prefetch_ahead<FMT>(rec);
+            if (prefetches<R>() && h == 0 && !UNPACKED) prefetch_ahead<FMT>(rec);
             __m256i isum[R];
             block_sums<FMT, false, R>(rec, UNPACKED ? u + 8 * b : nullptr, h, view, b * block, b, isum);
             const __m256i f = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(L::factors(grp, b, 0) + 8 * h)));
@@ -918,6 +923,12 @@ size_t lp_qacts_row_bytes(int32_t k) { return acts_bytes(k); }
 void lp_quantize_rows(const float* x, int64_t ldx, int32_t k, int32_t n_rows, uint8_t* acts) {
     const size_t row_bytes = acts_bytes(k);
     for (int32_t r = 0; r < n_rows; ++r) quantize_row(x + r * ldx, k, acts + r * row_bytes);
+}
+
+int32_t lp_set_one_row_prefetch(int32_t on) {
+    int32_t was = one_row_prefetch;
+    one_row_prefetch = on != 0;
+    return was;
 }
 
 int32_t lp_qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y, int64_t ldy,
