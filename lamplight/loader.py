@@ -151,5 +151,5 @@ def _native_runner(spec: DecoderSpec, device: str, adapters: Sequence[LoraAdapte
     except NativeUnsupported as exc:
         log.warning("no native forward for this model (%s): running on PyTorch's kernels", exc)
         return None, f"no native forward: {exc}"
-    choose_one_row_prefetch(runner)
+    runner.one_row_prefetch = choose_one_row_prefetch(runner)
     return runner, None

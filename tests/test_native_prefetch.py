@@ -102,3 +102,18 @@ def test_the_real_timing_runs_a_model(tmp_path, monkeypatch):
     chosen = prefetch.choose_one_row_prefetch(runner)
     assert chosen in (True, False) and prefetch._chosen == {runner.lib._handle: chosen}
     runner.lib.lp_set_one_row_prefetch(0)
+
+
+def test_loading_a_model_chooses_and_the_kernels_line_says_so(tmp_path, monkeypatch):
+    """The loader makes the choice for the first native model and the start-up log's kernels line
+    (NativeRunner.describe, also in /props) names it."""
+    from lamplight.loader import load
+
+    path = write_tiny_llama(tmp_path / "m.gguf")
+    for faster in (True, False):
+        monkeypatch.setattr(prefetch, "_chosen", {})
+        monkeypatch.setattr(prefetch, "_step_times", lambda r, f=faster: {f: [1.0] * 4, not f: [2.0] * 4})
+        runner = load(str(path), backend="native").runner
+        assert runner.one_row_prefetch is faster
+        assert ("decode rows prefetch" in runner.describe()) is faster
+    runner.lib.lp_set_one_row_prefetch(0)

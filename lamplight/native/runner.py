@@ -70,6 +70,7 @@ class NativeRunner(ModelRunner):
         lib.lp_set_threads(torch.get_num_threads())  # -t sets torch's count before loading
         self.threads = lib.lp_get_threads()
         self.kinds = sorted({self._kind(p) for p in self._parts()})
+        self.one_row_prefetch: bool | None = None  # lamplight.native.prefetch's choice, once made
 
     def attach_loras(self, adapters: list[LoraAdapter]) -> LoraScales:
         """Describe the model again with the adapters' deltas on their linears (packed weights
@@ -98,8 +99,9 @@ class NativeRunner(ModelRunner):
         self._has_loras = any(lin.n_loras for layer in layers for lin in self._layer_linears(layer))
 
     def describe(self) -> str:
-        """The kernel set, for the start-up log and /props: e.g. 'native avx512vnni (w4, w8_32; 2 threads)'."""
-        return f"native {self.lib.lp_isa().decode()} ({', '.join(self.kinds)}; {self.threads} threads)"
+        """The kernel set, for the start-up log and /props: e.g. 'native avx512vnni (w4, w8_32; 2 threads; decode rows prefetch)'."""
+        prefetch = "; decode rows prefetch" if self.one_row_prefetch else ""
+        return f"native {self.lib.lp_isa().decode()} ({', '.join(self.kinds)}; {self.threads} threads{prefetch})"
 
     def weight_bytes(self) -> int:
         """Bytes of the weights the native forward reads (packed, plus dense norms and tables)."""
