@@ -8,7 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#include "half.h"
+#include "attention.h"
 #include "kv_rows.h"
 #include "linear.h"
 #include "pool.h"
@@ -184,222 +184,7 @@ void prepare_row(const Model& m, const LpLayer& layer, int layer_index, const Lp
 }
 
 // ---------------------------------------------------------------------------------------------
-// Attention of one row's query heads sharing KV head `g`. Its keys and values are read as fp16
-// where they are (the default KV type, AVX2 builds) or converted to float32 first (`n` rows of
-// the task's scratch, or once for a chunk's rows), scores are computed eight keys at a time with
-// one transposing reduction for the eight (the AVX2 hadd tree; the generic build adds in the
-// same order), softmax per head, then each head's output accumulates the values in key order.
-// Every step depends only on this row's own keys, so the result is the same in any batch.
-
-void load_rows(const void* base, int type, int64_t head_offset, const int64_t* slots, int64_t n, int d, float* out) {
-    for (int64_t j = 0; j < n; j++) load_kv(base, type, head_offset + slots[j] * d, d, out + j * d);
-}
-
-// scores[j] = dot(q, keys[j]) * scale for j < n (keys: n rows of d floats, d a multiple of 8).
-// Eight keys at a time, each with its own 8-lane accumulator chain over d (eight independent
-// chains keep the FMA units busy); a missing key of the last eight reads zeros, which leaves
-// the other keys' sums as they are.
-void score_keys(const float* q, const float* keys, int64_t n, int d, float scale, float* scores, const float* zeros) {
-    for (int64_t j0 = 0; j0 < n; j0 += 8) {
-        int count = (int)std::min<int64_t>(8, n - j0);
-        const float* k[8];
-        for (int j = 0; j < 8; j++) k[j] = j < count ? keys + (j0 + j) * d : zeros;
-#if defined(__AVX2__)
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-        for (int i = 0; i < d; i += 8) {
-            __m256 qv = _mm256_loadu_ps(q + i);
-            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[0] + i), a0);
-            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[1] + i), a1);
-            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[2] + i), a2);
-            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[3] + i), a3);
-            a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[4] + i), a4);
-            a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[5] + i), a5);
-            a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[6] + i), a6);
-            a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[7] + i), a7);
-        }
-        // One transposing reduction for the eight: key j's sum is ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7))
-        // over its own lanes.
-        __m256 t0 = _mm256_hadd_ps(a0, a1), t1 = _mm256_hadd_ps(a2, a3);
-        __m256 t2 = _mm256_hadd_ps(a4, a5), t3 = _mm256_hadd_ps(a6, a7);
-        __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-        __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-        float out[8];
-        _mm256_storeu_ps(out, _mm256_mul_ps(sums, _mm256_set1_ps(scale)));
-        for (int j = 0; j < count; j++) scores[j0 + j] = out[j];
-#else
-        for (int j = 0; j < count; j++) {
-            float a[8] = {0};
-            for (int i = 0; i < d; i += 8)
-                for (int l = 0; l < 8; l++) a[l] = std::fma(q[i + l], k[j][i + l], a[l]);
-            scores[j0 + j] = (((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) * scale;
-        }
-#endif
-    }
-}
-
-// out[0..d) = sum_j p[j] * values[j] * inv_sum, accumulated in key order (eight 8-lane chains
-// per 64 values).
-void weigh_values(const float* p, const float* values, int64_t n, int d, float inv_sum, float* out) {
-    for (int i0 = 0; i0 < d; i0 += 64) {
-        int width = std::min(64, d - i0);
-#if defined(__AVX2__)
-        if (width == 64) {
-            __m256 a[8];
-            for (int l = 0; l < 8; l++) a[l] = _mm256_setzero_ps();
-            for (int64_t j = 0; j < n; j++) {
-                const float* v = values + j * d + i0;
-                __m256 w = _mm256_set1_ps(p[j]);
-                a[0] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), a[0]);
-                a[1] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), a[1]);
-                a[2] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), a[2]);
-                a[3] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), a[3]);
-                a[4] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 32), a[4]);
-                a[5] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 40), a[5]);
-                a[6] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), a[6]);
-                a[7] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), a[7]);
-            }
-            __m256 s = _mm256_set1_ps(inv_sum);
-            for (int l = 0; l < 8; l++) _mm256_storeu_ps(out + i0 + 8 * l, _mm256_mul_ps(a[l], s));
-            continue;
-        }
-#endif
-        float acc[64] = {0};
-        for (int64_t j = 0; j < n; j++)
-            for (int i = 0; i < width; i++) acc[i] = std::fma(p[j], values[j * d + i0 + i], acc[i]);
-        for (int i = 0; i < width; i++) out[i0 + i] = acc[i] * inv_sum;
-    }
-}
-
-#if defined(__AVX2__)
-// Calls fn(std::integral_constant<int, H>(), first head) for runs of heads covering [0, group):
-// as many as share loads, largest first (AVX-512 holds the accumulators of 4 or 3, AVX2 of 2).
-template <class Fn>
-void head_runs(int group, Fn&& fn) {
-    int h = 0;
-#if defined(__AVX512F__)
-    for (; group - h >= 4; h += 4) fn(std::integral_constant<int, 4>(), h);
-    for (; group - h >= 3; h += 3) fn(std::integral_constant<int, 3>(), h);
-#endif
-    for (; group - h >= 2; h += 2) fn(std::integral_constant<int, 2>(), h);
-    for (; h < group; h++) fn(std::integral_constant<int, 1>(), h);
-}
-
-// Where the kernels below read the rows of keys or values: float32 rows one after another (a
-// chunk's keys converted once, or a KV type converted per row), or the pool's fp16 rows at their
-// slots, read in place. fp16 converts to float32 exactly, so both give a row the same bits; read
-// in place, a decode row's keys cross memory once, as fp16, instead of being written out as
-// float32 and read back.
-struct F32Rows {
-    using T = float;
-    const float* base;
-    int d;
-    const float* zero;  // d zeros: the missing keys of a last group
-    const float* row(int64_t j) const { return base + j * d; }
-    static __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-    static float at(const float* p, int i) { return p[i]; }
-#if defined(__AVX512F__)
-    static __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-    static __m512 load8x2(const float* a, const float* b) {  // a's 8 values, then b's
-        return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
-    }
-#endif
-};
-
-struct F16PoolRows {
-    using T = uint16_t;
-    const uint16_t* base;  // the KV head's first pool row
-    const int64_t* slots;  // row j's pool slot
-    int d;
-    const uint16_t* zero;
-    const uint16_t* row(int64_t j) const { return base + slots[j] * d; }
-    static __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-    static float at(const uint16_t* p, int i) { return lp::half_to_float(p[i]); }
-#if defined(__AVX512F__)
-    static __m512 load16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-    static __m512 load8x2(const uint16_t* a, const uint16_t* b) {
-        __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a));
-        __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
-        return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
-    }
-#endif
-};
-
-const uint16_t zero_halves[LP_MAX_HEAD_DIM] = {};  // fp16 +0.0
-
-// score_keys for H heads at once with 8-lane vectors (AVX2 builds; AVX-512 ones run
-// score_keys_heads16), J keys at a time (4, or 8 for one head: eight independent
-// chains keep the FMA units busy): each head and key keeps its own 8-lane chain over d and
-// score_keys' reduction tree, ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), so every score is
-// score_keys' bits; the heads share each key's loads.
-template <int H, class Rows>
-void score_keys_heads(const float* const* q, const Rows& keys, int64_t n, int d, float scale, float* const* scores) {
-    constexpr int J = H == 1 ? 8 : 4;
-    for (int64_t j0 = 0; j0 < n; j0 += J) {
-        int count = (int)std::min<int64_t>(J, n - j0);
-        const typename Rows::T* k[J];
-        for (int j = 0; j < J; j++) k[j] = j < count ? keys.row(j0 + j) : keys.zero;
-        __m256 a[H][J];
-        for (int h = 0; h < H; h++)
-            for (int j = 0; j < J; j++) a[h][j] = _mm256_setzero_ps();
-        for (int i = 0; i < d; i += 8) {
-            __m256 kv[J];
-            for (int j = 0; j < J; j++) kv[j] = Rows::load8(k[j] + i);
-            for (int h = 0; h < H; h++) {
-                __m256 qv = _mm256_loadu_ps(q[h] + i);
-                for (int j = 0; j < J; j++) a[h][j] = _mm256_fmadd_ps(qv, kv[j], a[h][j]);
-            }
-        }
-        for (int h = 0; h < H; h++)
-            for (int j4 = 0; j4 < J; j4 += 4) {
-                __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a[h][j4], a[h][j4 + 1]), _mm256_hadd_ps(a[h][j4 + 2], a[h][j4 + 3]));
-                __m128 sums = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
-                float out[4];
-                _mm_storeu_ps(out, _mm_mul_ps(sums, _mm_set1_ps(scale)));
-                for (int j = j4; j < std::min(count, j4 + 4); j++) scores[h][j0 + j] = out[j - j4];
-            }
-    }
-}
-
-// Values of d one pass of weigh_values_heads accumulates for H heads: 64 for one head (eight
-// chains), 32 for more (their accumulators, weights and a value fit AVX2's 16 registers).
-template <int H>
-constexpr int values_per_pass() {
-    return H == 1 ? 64 : 32;
-}
-
-// weigh_values for H heads at once, values_per_pass<H>() values of d at a time: each output
-// value is the same chain of fmas in key order (weigh_values' bits); the heads share each
-// value's loads.
-template <int H, class Rows>
-void weigh_values_heads(const float* const* p, const Rows& values, int64_t n, int d, const float* inv_sum,
-                        float* const* out) {
-    constexpr int W = values_per_pass<H>(), L = W / 8;
-    int i0 = 0;
-    for (; i0 + W <= d; i0 += W) {
-        __m256 a[H][L];
-        for (int h = 0; h < H; h++)
-            for (int l = 0; l < L; l++) a[h][l] = _mm256_setzero_ps();
-        for (int64_t j = 0; j < n; j++) {
-            const typename Rows::T* v = values.row(j) + i0;
-            __m256 w[H];
-            for (int h = 0; h < H; h++) w[h] = _mm256_set1_ps(p[h][j]);
-            for (int l = 0; l < L; l++) {
-                __m256 vv = Rows::load8(v + 8 * l);
-                for (int h = 0; h < H; h++) a[h][l] = _mm256_fmadd_ps(w[h], vv, a[h][l]);
-            }
-        }
-        for (int h = 0; h < H; h++)
-            for (int l = 0; l < L; l++)
-                _mm256_storeu_ps(out[h] + i0 + 8 * l, _mm256_mul_ps(a[h][l], _mm256_set1_ps(inv_sum[h])));
-    }
-    for (int h = 0; h < H && i0 < d; h++) {
-        float acc[W] = {0};
-        for (int64_t j = 0; j < n; j++)
-            for (int i = i0; i < d; i++) acc[i - i0] = std::fma(p[h][j], Rows::at(values.row(j), i), acc[i - i0]);
-        for (int i = i0; i < d; i++) out[h][i] = acc[i - i0] * inv_sum[h];
-    }
-}
-#endif
+// Attention over a step's rows: tasks of (row, KV head) running attention.cpp's kernels.
 
 // The keys and values a row attends to, as float32 rows: [first, pos] of its sequence.
 struct KeyRange {
@@ -415,167 +200,13 @@ KeyRange key_range(const LpLayer& layer, const LpBatch& b, int r) {
     return {first, key_end(b, r) - first};
 }
 
-// Softmax of one head's n scores in place (softcap, the sink's logit, exp); returns 1 / sum.
-float softmax_scores(const LpConfig& c, float* s, int64_t n, const float* sink) {
-    if (c.attn_softcap > 0.0f)
-        for (int64_t j = 0; j < n; j++) s[j] = std::tanh(s[j] / c.attn_softcap) * c.attn_softcap;
-    float mx = std::max(sink ? *sink : -INFINITY, lp::max_of(s, n));
-    for (int64_t j = 0; j < n; j++) s[j] = exp_approx(s[j] - mx);
-    float sum = lp::sum_of(s, n);
-    if (sink) sum += exp_approx(*sink - mx);
-    return 1.0f / sum;
-}
-
-#if defined(__AVX512F__)
-// _mm256_hadd_ps in each half: per 128 bits, [x0 + x1, x2 + x3, y0 + y1, y2 + y3].
-inline __m512 hadd16(__m512 x, __m512 y) {
-    return _mm512_add_ps(_mm512_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
-// The sums of eight keys' 8-lane chains (keys 2p and 2p + 1 in pair p's halves), each in
-// score_keys' tree ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)): the AVX2 build's hadd steps, two keys'
-// worth an instruction.
-inline __m256 sums_of_eight(__m512 p0, __m512 p1, __m512 p2, __m512 p3) {
-    __m512 t = hadd16(_mm512_shuffle_f32x4(p0, p1, 0x44), _mm512_shuffle_f32x4(p0, p1, 0xEE));  // [hadd(k0,k1) | hadd(k2,k3)]
-    __m512 t2 = hadd16(_mm512_shuffle_f32x4(p2, p3, 0x44), _mm512_shuffle_f32x4(p2, p3, 0xEE));
-    __m512 u = hadd16(_mm512_shuffle_f32x4(t, t2, 0x44), _mm512_shuffle_f32x4(t, t2, 0xEE));
-    __m512 v = _mm512_add_ps(u, _mm512_shuffle_f32x4(u, u, 0xB1));  // each 256 bits' low 128 + high 128
-    return _mm512_castps512_ps256(_mm512_shuffle_f32x4(v, v, 0x08));
-}
-
-// score_keys_heads with 16-lane vectors: two keys a vector (key 2p in lanes 0-7, 2p + 1 in 8-15,
-// the query's 8 values in both halves), so each key keeps its own 8-lane chain over d and its
-// reduction tree: score_keys' bits, at twice the values an instruction.
-template <int H, class Rows>
-void score_keys_heads16(const float* const* q, const Rows& keys, int64_t n, int d, float scale, float* const* scores) {
-    constexpr int J = H == 1 ? 16 : 8, P = J / 2;
-    const __m256 scale8 = _mm256_set1_ps(scale);
-    for (int64_t j0 = 0; j0 < n; j0 += J) {
-        int count = (int)std::min<int64_t>(J, n - j0);
-        const typename Rows::T* k[J];
-        for (int j = 0; j < J; j++) k[j] = j < count ? keys.row(j0 + j) : keys.zero;
-        __m512 a[H][P];
-        for (int h = 0; h < H; h++)
-            for (int p = 0; p < P; p++) a[h][p] = _mm512_setzero_ps();
-        for (int i = 0; i < d; i += 8) {
-            __m512 kv[P];
-            for (int p = 0; p < P; p++) kv[p] = Rows::load8x2(k[2 * p] + i, k[2 * p + 1] + i);
-            for (int h = 0; h < H; h++) {
-                __m512 qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(q[h] + i));
-                for (int p = 0; p < P; p++) a[h][p] = _mm512_fmadd_ps(qv, kv[p], a[h][p]);
-            }
-        }
-        for (int h = 0; h < H; h++)
-            for (int e = 0; e < J; e += 8) {
-                __m256 s = _mm256_mul_ps(sums_of_eight(a[h][e / 2], a[h][e / 2 + 1], a[h][e / 2 + 2], a[h][e / 2 + 3]), scale8);
-                int left = count - e;
-                if (left >= 8)
-                    _mm256_storeu_ps(scores[h] + j0 + e, s);
-                else if (left > 0)
-                    _mm256_mask_storeu_ps(scores[h] + j0 + e, (__mmask8)((1u << left) - 1), s);
-            }
-    }
-}
-
-// weigh_values_heads with 16-lane vectors: W values of d a pass (128 for one head, whose eight
-// chains keep the FMA units busy; 64 for more), then 16 at a time, then one by one; each output
-// value is the same chain of fmas in key order (weigh_values' bits).
-template <int H, class Rows>
-void weigh_values_heads16(const float* const* p, const Rows& values, int64_t n, int d, const float* inv_sum,
-                          float* const* out) {
-    auto pass = [&](auto width, int i0) {
-        constexpr int L = decltype(width)::value / 16;
-        __m512 a[H][L];
-        for (int h = 0; h < H; h++)
-            for (int l = 0; l < L; l++) a[h][l] = _mm512_setzero_ps();
-        for (int64_t j = 0; j < n; j++) {
-            const typename Rows::T* v = values.row(j) + i0;
-            __m512 w[H];
-            for (int h = 0; h < H; h++) w[h] = _mm512_set1_ps(p[h][j]);
-            for (int l = 0; l < L; l++) {
-                __m512 vv = Rows::load16(v + 16 * l);
-                for (int h = 0; h < H; h++) a[h][l] = _mm512_fmadd_ps(w[h], vv, a[h][l]);
-            }
-        }
-        for (int h = 0; h < H; h++)
-            for (int l = 0; l < L; l++)
-                _mm512_storeu_ps(out[h] + i0 + 16 * l, _mm512_mul_ps(a[h][l], _mm512_set1_ps(inv_sum[h])));
-    };
-    constexpr int W = H == 1 ? 128 : 64;
-    int i0 = 0;
-    for (; i0 + W <= d; i0 += W) pass(std::integral_constant<int, W>(), i0);
-    for (; i0 + 16 <= d; i0 += 16) pass(std::integral_constant<int, 16>(), i0);
-    for (int h = 0; h < H && i0 < d; h++) {
-        float acc[16] = {0};
-        for (int64_t j = 0; j < n; j++)
-            for (int i = i0; i < d; i++) acc[i - i0] = std::fma(p[h][j], Rows::at(values.row(j), i), acc[i - i0]);
-        for (int i = i0; i < d; i++) out[h][i] = acc[i - i0] * inv_sum[h];
-    }
-}
-#endif
-
-#if defined(__AVX2__)
-// attend_rows over keys and values wherever they are (F32Rows, F16PoolRows): heads in runs that
-// share the loads (the same bits as one at a time).
-template <class Rows>
-void attend_rows_in(const LpConfig& c, const float* q, const Rows& keys, const Rows& values, int64_t n,
-                    const float* sinks, float* out, vector<float>& scratch) {
-    int dk = c.head_dim_k, dv = c.head_dim_v, group = c.n_heads / c.n_kv_heads;
-    float* scores = grow(scratch, (size_t)n * group);
-    head_runs(group, [&](auto heads, int i) {
-        constexpr int H = decltype(heads)::value;
-        const float* qs[H];
-        float* ss[H];
-        float* outs[H];
-        float inv[H];
-        for (int h = 0; h < H; h++) qs[h] = q + (int64_t)(i + h) * dk, ss[h] = scores + (i + h) * n, outs[h] = out + (int64_t)(i + h) * dv;
-#if defined(__AVX512F__)
-        score_keys_heads16<H>(qs, keys, n, dk, c.attn_scale, ss);
-#else
-        score_keys_heads<H>(qs, keys, n, dk, c.attn_scale, ss);
-#endif
-        for (int h = 0; h < H; h++) inv[h] = softmax_scores(c, ss[h], n, sinks ? sinks + i + h : nullptr);
-#if defined(__AVX512F__)
-        weigh_values_heads16<H>(ss, values, n, dv, inv, outs);
-#else
-        weigh_values_heads<H>(ss, values, n, dv, inv, outs);
-#endif
-    });
-}
-#endif
-
-// `sinks`: the group's attention-sink logits (one per query head, joining each softmax without
-// a value: gpt-oss), or null. keys [n, dk] and values [n, dv] are float32 rows.
-void attend_rows(const LpConfig& c, const float* q, const float* keys, const float* values, int64_t n,
-                 const float* sinks, float* out, vector<float>& scratch) {
-    int dk = c.head_dim_k, dv = c.head_dim_v, group = c.n_heads / c.n_kv_heads;
-#if defined(__AVX2__)
-    thread_local vector<float> zeros;
-    zeros.assign(std::max(dk, dv), 0.0f);
-    attend_rows_in(c, q, F32Rows{keys, dk, zeros.data()}, F32Rows{values, dv, zeros.data()}, n, sinks, out, scratch);
-#else
-    float* scores = grow(scratch, (size_t)n * group + dk);
-    float* zeros = scores + n * group;
-    std::memset(zeros, 0, dk * sizeof(float));
-    for (int i = 0; i < group; i++) {
-        score_keys(q + i * dk, keys, n, dk, c.attn_scale, scores + i * n, zeros);
-        weigh_values(scores + i * n, values, n, dv,
-                     softmax_scores(c, scores + i * n, n, sinks ? sinks + i : nullptr), out + (int64_t)i * dv);
-    }
-#endif
-}
-
 void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const LpKV& kv, const float* qkv, int n_qkv,
                float* attn) {
     const LpConfig& c = config_of(m, layer);
     int T = b.n_rows, H = c.n_kv_heads, dk = c.head_dim_k, dv = c.head_dim_v, group = c.n_heads / H;
     int64_t n_attn = (int64_t)c.n_heads * dv;
-#if defined(__AVX2__)
     // fp16 pools (the default) are read in place by every row; other types are converted.
-    bool in_place = kv.k_type == LP_KV_F16 && kv.v_type == LP_KV_F16;
-#else
-    bool in_place = false;
-#endif
+    bool in_place = lp::reads_fp16_in_place && kv.k_type == LP_KV_F16 && kv.v_type == LP_KV_F16;
     // Chunks of several rows (consecutive rows with one key list) get shared converted keys.
     vector<SharedKeys>& shared = m.shared;
     vector<int>& chunk_of = m.chunk_of;
@@ -608,8 +239,8 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
         int64_t n = sk.hi - sk.lo;
         const int64_t* slots = b.key_slots + b.key_offsets[sk.first_row] + sk.lo;
         float* keys = keys_of(sk, g);
-        load_rows(kv.k[li], kv.k_type, (int64_t)g * kv.pool_tokens * dk, slots, n, dk, keys);
-        load_rows(kv.v[li], kv.v_type, (int64_t)g * kv.pool_tokens * dv, slots, n, dv, keys + n * dk);
+        lp::load_rows(kv.k[li], kv.k_type, (int64_t)g * kv.pool_tokens * dk, slots, n, dk, keys);
+        lp::load_rows(kv.v[li], kv.v_type, (int64_t)g * kv.pool_tokens * dv, slots, n, dv, keys + n * dk);
     });
     if ((int)m.thread_scratch.size() < lp::pool_threads()) m.thread_scratch.resize(2 * lp::pool_threads());
     lp::parallel_for((int64_t)T * H, [&](int64_t task, int thread) {
@@ -624,22 +255,18 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
             const float* keys = keys_of(sk, g);
             const float* values = keys + (sk.hi - sk.lo) * dk;
             int64_t skip = kr.first - sk.lo;
-            attend_rows(c, q, keys + skip * dk, values + skip * dv, kr.n, sinks, out, scratch);
+            lp::attend_rows(c, q, keys + skip * dk, values + skip * dv, kr.n, sinks, out, scratch);
             return;
         }
         const int64_t* slots = b.key_slots + b.key_offsets[r] + kr.first;
-#if defined(__AVX2__)
-        if (in_place) {
-            F16PoolRows keys{(const uint16_t*)kv.k[li] + (int64_t)g * kv.pool_tokens * dk, slots, dk, zero_halves};
-            F16PoolRows values{(const uint16_t*)kv.v[li] + (int64_t)g * kv.pool_tokens * dv, slots, dv, zero_halves};
-            attend_rows_in(c, q, keys, values, kr.n, sinks, out, scratch);
+        if (in_place && lp::attend_rows_in_place(c, q, (const uint16_t*)kv.k[li] + (int64_t)g * kv.pool_tokens * dk,
+                                                 (const uint16_t*)kv.v[li] + (int64_t)g * kv.pool_tokens * dv, slots,
+                                                 kr.n, sinks, out, scratch))
             return;
-        }
-#endif
         float* keys = grow(m.thread_scratch[2 * thread + 1], (size_t)kr.n * (dk + dv));
-        load_rows(kv.k[li], kv.k_type, (int64_t)g * kv.pool_tokens * dk, slots, kr.n, dk, keys);
-        load_rows(kv.v[li], kv.v_type, (int64_t)g * kv.pool_tokens * dv, slots, kr.n, dv, keys + kr.n * dk);
-        attend_rows(c, q, keys, keys + kr.n * dk, kr.n, sinks, out, scratch);
+        lp::load_rows(kv.k[li], kv.k_type, (int64_t)g * kv.pool_tokens * dk, slots, kr.n, dk, keys);
+        lp::load_rows(kv.v[li], kv.v_type, (int64_t)g * kv.pool_tokens * dv, slots, kr.n, dv, keys + kr.n * dk);
+        lp::attend_rows(c, q, keys, keys + kr.n * dk, kr.n, sinks, out, scratch);
     });
 }
 

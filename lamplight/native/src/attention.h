@@ -1,0 +1,43 @@
+// One row's attention for the query heads of one KV group (those sharing a KV head): the kernels
+// of the native forward pass, which runs them over a step's rows and KV heads (forward.cpp).
+//
+// Attention of one row's query heads sharing KV head `g`. Its keys and values are read as fp16
+// where they are (the default KV type, AVX2 builds) or converted to float32 first (`n` rows of
+// the task's scratch, or once for a chunk's rows), scores are computed eight keys at a time with
+// one transposing reduction for the eight (the AVX2 hadd tree; the generic build adds in the
+// same order), softmax per head, then each head's output accumulates the values in key order.
+// Every step depends only on this row's own keys, so the result is the same in any batch.
+#pragma once
+#include <stdint.h>
+
+#include <vector>
+
+#include "forward.h"
+
+namespace lp {
+
+// Whether attend_rows_in_place runs on this build (AVX2 and AVX-512 ones); the generic build
+// converts the rows with load_rows and runs attend_rows.
+#if defined(__AVX2__)
+constexpr bool reads_fp16_in_place = true;
+#else
+constexpr bool reads_fp16_in_place = false;
+#endif
+
+// The `n` rows at `slots` of one KV head's part of a pool (type LP_KV_*, that head's rows from
+// head_offset) as float32 rows of d values.
+void load_rows(const void* base, int type, int64_t head_offset, const int64_t* slots, int64_t n, int d, float* out);
+
+// out [group heads * head_dim_v] for the group's queries q [group heads * head_dim_k] over keys
+// [n, head_dim_k] and values [n, head_dim_v] (float32 rows); `sinks`: the group's attention-sink
+// logits (one per query head, gpt-oss) or null; `scratch` grows to hold the scores.
+void attend_rows(const LpConfig& c, const float* q, const float* keys, const float* values, int64_t n,
+                 const float* sinks, float* out, std::vector<float>& scratch);
+
+// attend_rows over an fp16 pool read in place: the KV head's key and value rows from k_head and
+// v_head, row j at slots[j]. The same bits as converting them first. False (nothing computed)
+// where the build cannot (reads_fp16_in_place).
+bool attend_rows_in_place(const LpConfig& c, const float* q, const uint16_t* k_head, const uint16_t* v_head,
+                          const int64_t* slots, int64_t n, const float* sinks, float* out, std::vector<float>& scratch);
+
+}  // namespace lp
