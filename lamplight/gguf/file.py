@@ -52,6 +52,28 @@ class TensorInfo:
     data: np.ndarray
 
 
+def release_tensor_pages(data: np.ndarray) -> None:
+    """Drop from this process's resident memory the whole pages under `data`, a tensor's bytes
+    in a GGUF file's read-only map (they stay in the page cache and come back from the file on
+    access): once a tensor is repacked, its raw blocks need not stay resident while the rest
+    loads. Anything that is not a view of such a map is left alone (dropping anonymous memory
+    would lose it)."""
+    base = data
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if (not hasattr(mmap, "MADV_DONTNEED") or not isinstance(base, memoryview) or not base.readonly
+            or not isinstance(base.obj, mmap.mmap) or not data.flags.c_contiguous):
+        return
+    try:
+        start = data.ctypes.data - np.frombuffer(base.obj, dtype=np.uint8).ctypes.data
+        page = mmap.PAGESIZE
+        first, last = -(-start // page) * page, (start + data.nbytes) // page * page
+        if 0 <= first < last <= len(base.obj):
+            base.obj.madvise(mmap.MADV_DONTNEED, first, last - first)
+    except ValueError:  # the map was closed
+        pass
+
+
 class GGUFFile:
     """A memory-mapped GGUF file.
 

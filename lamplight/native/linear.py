@@ -12,7 +12,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 import torch
 
-from ..gguf.file import TensorInfo
+from ..gguf.file import TensorInfo, release_tensor_pages
 from ..gguf.quant import dequantize
 from . import abi
 from .abi import NativeUnsupported
@@ -91,11 +91,17 @@ def pack_groups(infos: list) -> list[tuple[list, object]]:
     from . import pack
 
     if len(infos) == 1 or not all(pack.can_pack(i.qtype) for i in infos):
-        return [([i], pack.pack(i) if pack.can_pack(i.qtype) else None) for i in infos]
-    try:
-        return [(infos, pack.pack_rows(infos))]
-    except ValueError:  # mixed formats (e.g. Q4_K Q/K with a Q6_K V): one part each
-        return [([i], pack.pack(i)) for i in infos]
+        groups = [([i], pack.pack(i) if pack.can_pack(i.qtype) else None) for i in infos]
+    else:
+        try:
+            groups = [(infos, pack.pack_rows(infos))]
+        except ValueError:  # mixed formats (e.g. Q4_K Q/K with a Q6_K V): one part each
+            groups = [([i], pack.pack(i)) for i in infos]
+    for parts, packed in groups:  # repacked: their raw blocks need not stay resident (a load's peak)
+        if packed is not None:
+            for info in parts:
+                release_tensor_pages(info.data)
+    return groups
 
 
 class NativeLinear:
