@@ -110,6 +110,7 @@ struct F16PoolRows {
 #endif
 };
 
+const float zero_floats[LP_MAX_HEAD_DIM] = {};    // the missing keys of a last group, as rows
 const uint16_t zero_halves[LP_MAX_HEAD_DIM] = {};  // fp16 +0.0
 
 // score_keys for H heads at once with 8-lane vectors (AVX2 builds; AVX-512 ones run
@@ -146,45 +147,6 @@ void score_keys_heads(const float* const* q, const Rows& keys, int64_t n, int d,
     }
 }
 
-// Values of d one pass of weigh_values_heads accumulates for H heads: 64 for one head (eight
-// chains), 32 for more (their accumulators, weights and a value fit AVX2's 16 registers).
-template <int H>
-constexpr int values_per_pass() {
-    return H == 1 ? 64 : 32;
-}
-
-// weigh_values for H heads at once, values_per_pass<H>() values of d at a time: each output
-// value is the same chain of fmas in key order (weigh_values' bits); the heads share each
-// value's loads.
-template <int H, class Rows>
-void weigh_values_heads(const float* const* p, const Rows& values, int64_t n, int d, const float* inv_sum,
-                        float* const* out) {
-    constexpr int W = values_per_pass<H>(), L = W / 8;
-    int i0 = 0;
-    for (; i0 + W <= d; i0 += W) {
-        __m256 a[H][L];
-        for (int h = 0; h < H; h++)
-            for (int l = 0; l < L; l++) a[h][l] = _mm256_setzero_ps();
-        for (int64_t j = 0; j < n; j++) {
-            const typename Rows::T* v = values.row(j) + i0;
-            __m256 w[H];
-            for (int h = 0; h < H; h++) w[h] = _mm256_set1_ps(p[h][j]);
-            for (int l = 0; l < L; l++) {
-                __m256 vv = Rows::load8(v + 8 * l);
-                for (int h = 0; h < H; h++) a[h][l] = _mm256_fmadd_ps(w[h], vv, a[h][l]);
-            }
-        }
-        for (int h = 0; h < H; h++)
-            for (int l = 0; l < L; l++)
-                _mm256_storeu_ps(out[h] + i0 + 8 * l, _mm256_mul_ps(a[h][l], _mm256_set1_ps(inv_sum[h])));
-    }
-    for (int h = 0; h < H && i0 < d; h++) {
-        float acc[W] = {0};
-        for (int64_t j = 0; j < n; j++)
-            for (int i = i0; i < d; i++) acc[i - i0] = std::fma(p[h][j], Rows::at(values.row(j), i), acc[i - i0]);
-        for (int i = i0; i < d; i++) out[h][i] = acc[i - i0] * inv_sum[h];
-    }
-}
 #endif
 
 // Softmax of one head's n scores in place (softcap, the sink's logit, exp); returns 1 / sum.
@@ -249,36 +211,68 @@ void score_keys_heads16(const float* const* q, const Rows& keys, int64_t n, int 
     }
 }
 
-// weigh_values_heads with 16-lane vectors: W values of d a pass (128 for one head, whose eight
-// chains keep the FMA units busy; 64 for more), then 16 at a time, then one by one; each output
-// value is the same chain of fmas in key order (weigh_values' bits).
-template <int H, class Rows>
-void weigh_values_heads16(const float* const* p, const Rows& values, int64_t n, int d, const float* inv_sum,
-                          float* const* out) {
+#endif
+
+#if defined(__AVX2__)
+// The float32 vectors the values kernel runs on: 8 lanes (AVX2) or 16 (AVX-512), with the values
+// of d a pass takes for H heads (64 for one head: eight 8-lane or four 16-lane chains; for more,
+// as many as their accumulators, weights and a value leave room for in the registers).
+struct Lanes8 {
+    using V = __m256;
+    static constexpr int n = 8;
+    template <int H> static constexpr int pass = H == 1 ? 64 : 32;
+    static V zero() { return _mm256_setzero_ps(); }
+    static V set1(float x) { return _mm256_set1_ps(x); }
+    static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+    static void store(float* p, V v, float scale) { _mm256_storeu_ps(p, _mm256_mul_ps(v, _mm256_set1_ps(scale))); }
+    template <class Rows> static V load(const typename Rows::T* p) { return Rows::load8(p); }
+};
+
+#if defined(__AVX512F__)
+struct Lanes16 {
+    using V = __m512;
+    static constexpr int n = 16;
+    template <int H> static constexpr int pass = H == 1 ? 128 : 64;
+    static V zero() { return _mm512_setzero_ps(); }
+    static V set1(float x) { return _mm512_set1_ps(x); }
+    static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+    static void store(float* p, V v, float scale) { _mm512_storeu_ps(p, _mm512_mul_ps(v, _mm512_set1_ps(scale))); }
+    template <class Rows> static V load(const typename Rows::T* p) { return Rows::load16(p); }
+};
+using ValueLanes = Lanes16;
+#else
+using ValueLanes = Lanes8;
+#endif
+
+// weigh_values for H heads at once: Lanes::pass<H> values of d a pass, then Lanes::n at a time,
+// then one by one; each output value is the same chain of fmas in key order whatever the width
+// (weigh_values' bits), and the heads share each value's loads.
+template <int H, class Lanes, class Rows>
+void weigh_values_heads(const float* const* p, const Rows& values, int64_t n, int d, const float* inv_sum,
+                        float* const* out) {
     auto pass = [&](auto width, int i0) {
-        constexpr int L = decltype(width)::value / 16;
-        __m512 a[H][L];
+        constexpr int L = decltype(width)::value / Lanes::n;
+        typename Lanes::V a[H][L];
         for (int h = 0; h < H; h++)
-            for (int l = 0; l < L; l++) a[h][l] = _mm512_setzero_ps();
+            for (int l = 0; l < L; l++) a[h][l] = Lanes::zero();
         for (int64_t j = 0; j < n; j++) {
             const typename Rows::T* v = values.row(j) + i0;
-            __m512 w[H];
-            for (int h = 0; h < H; h++) w[h] = _mm512_set1_ps(p[h][j]);
+            typename Lanes::V w[H];
+            for (int h = 0; h < H; h++) w[h] = Lanes::set1(p[h][j]);
             for (int l = 0; l < L; l++) {
-                __m512 vv = Rows::load16(v + 16 * l);
-                for (int h = 0; h < H; h++) a[h][l] = _mm512_fmadd_ps(w[h], vv, a[h][l]);
+                typename Lanes::V vv = Lanes::template load<Rows>(v + Lanes::n * l);
+                for (int h = 0; h < H; h++) a[h][l] = Lanes::fma(w[h], vv, a[h][l]);
             }
         }
         for (int h = 0; h < H; h++)
-            for (int l = 0; l < L; l++)
-                _mm512_storeu_ps(out[h] + i0 + 16 * l, _mm512_mul_ps(a[h][l], _mm512_set1_ps(inv_sum[h])));
+            for (int l = 0; l < L; l++) Lanes::store(out[h] + i0 + Lanes::n * l, a[h][l], inv_sum[h]);
     };
-    constexpr int W = H == 1 ? 128 : 64;
+    constexpr int W = Lanes::template pass<H>;
     int i0 = 0;
     for (; i0 + W <= d; i0 += W) pass(std::integral_constant<int, W>(), i0);
-    for (; i0 + 16 <= d; i0 += 16) pass(std::integral_constant<int, 16>(), i0);
+    for (; i0 + Lanes::n <= d; i0 += Lanes::n) pass(std::integral_constant<int, Lanes::n>(), i0);
     for (int h = 0; h < H && i0 < d; h++) {
-        float acc[16] = {0};
+        float acc[Lanes::n] = {0};
         for (int64_t j = 0; j < n; j++)
             for (int i = i0; i < d; i++) acc[i - i0] = std::fma(p[h][j], Rows::at(values.row(j), i), acc[i - i0]);
         for (int i = i0; i < d; i++) out[h][i] = acc[i - i0] * inv_sum[h];
@@ -307,11 +301,7 @@ void attend_rows_in(const LpConfig& c, const float* q, const Rows& keys, const R
         score_keys_heads<H>(qs, keys, n, dk, c.attn_scale, ss);
 #endif
         for (int h = 0; h < H; h++) inv[h] = softmax_scores(c, ss[h], n, sinks ? sinks + i + h : nullptr);
-#if defined(__AVX512F__)
-        weigh_values_heads16<H>(ss, values, n, dv, inv, outs);
-#else
-        weigh_values_heads<H>(ss, values, n, dv, inv, outs);
-#endif
+        weigh_values_heads<H, ValueLanes>(ss, values, n, dv, inv, outs);
     });
 }
 #endif
@@ -330,9 +320,7 @@ void attend_rows(const LpConfig& c, const float* q, const float* keys, const flo
                  const float* sinks, float* out, vector<float>& scratch) {
     int dk = c.head_dim_k, dv = c.head_dim_v;
 #if defined(__AVX2__)
-    thread_local vector<float> zeros;
-    zeros.assign(std::max(dk, dv), 0.0f);
-    attend_rows_in(c, q, F32Rows{keys, dk, zeros.data()}, F32Rows{values, dv, zeros.data()}, n, sinks, out, scratch);
+    attend_rows_in(c, q, F32Rows{keys, dk, zero_floats}, F32Rows{values, dv, zero_floats}, n, sinks, out, scratch);
 #else
     int group = c.n_heads / c.n_kv_heads;
     float* scores = grow(scratch, (size_t)n * group + dk);
