@@ -134,7 +134,8 @@ def _serve_one_model(args: argparse.Namespace) -> int:
         embedder = load_embedder(path, options, n_ctx=engine.n_ctx_slot if engine is not None else None, engine=engine)
         if embed_only:
             alias = args.model if os.fspath(args.model) != os.fspath(path) else path.name
-            loaded = EmbeddingOnlyModel(path, alias, embedder.tokenizer)
+            loaded = EmbeddingOnlyModel(path, alias, embedder.tokenizer, kernels=embedder.kernels,
+                                        file_type=embedder.file_type)
             _info(f"{path.name} ({embedder.architecture}) computes embeddings only: /v1/embeddings, /embedding"
                   f"{', /rerank' if options.reranking else ''}")
         _info(f"embeddings: pooling {embedder.pooling.value}, {embedder.n_embd} dimensions, up to {embedder.n_ctx} "

@@ -21,6 +21,8 @@ from test_server_cli import free_port, wait_for_status
 from tiny_gguf import write_tiny_llama
 
 from lamplight.embeddings import load_embedder
+from lamplight.gguf.file import GGUFFile
+from lamplight.server.model_info import ftype_name
 
 
 class Server:
@@ -66,13 +68,25 @@ def test_an_encoder_serves_vectors_alone(bert):
 
 
 def test_an_encoder_cannot_generate_but_describes_itself(bert):
-    server, _ = bert
+    server, path = bert
     answer = httpx.post(f"{server.url}/completion", json={"prompt": "hi", "n_predict": 2}, timeout=30)
     assert answer.status_code == 501 and "embeddings only" in answer.json()["error"]["message"]
     chat = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
     assert chat.status_code == 501
-    for path in ("/health", "/v1/models", "/props", "/slots", "/api/tags"):
-        assert httpx.get(f"{server.url}{path}", timeout=30).status_code in (200, 501), path
+    for route in ("/health", "/v1/models", "/slots", "/api/tags"):
+        assert httpx.get(f"{server.url}{route}", timeout=30).status_code in (200, 501), route
+    # As llama-server: /props, /tokenize and /detokenize serve a model that only embeds (a
+    # benchmark or a RAG tool counts its chunks' tokens there).
+    props = httpx.get(f"{server.url}/props", timeout=30).json()
+    assert props["default_generation_settings"]["n_ctx"] == 512 and props["total_slots"] == 1
+    assert props["bos_token"] == "[CLS]" and props["model_ftype"] == ftype_name(GGUFFile(path).metadata)
+    embedder = load_embedder(path, backend="fast")
+    tokens = httpx.post(f"{server.url}/tokenize", json={"content": "Hello, World!"}, timeout=30).json()["tokens"]
+    assert tokens == embedder.tokenize("Hello, World!")[1:-1]  # without [CLS] and [SEP]: add_special false
+    with_specials = httpx.post(f"{server.url}/tokenize", json={"content": "Hello, World!", "add_special": True}).json()
+    assert with_specials["tokens"] == embedder.tokenize("Hello, World!")
+    text = httpx.post(f"{server.url}/detokenize", json={"tokens": tokens}, timeout=30).json()["content"]
+    assert text.split() == ["hello", ",", "world", "!"]
     native = httpx.post(f"{server.url}/embedding", json={"content": "hello"}, timeout=30).json()
     embedder = load_embedder(bert[1], backend="fast")
     np.testing.assert_allclose(native[0]["embedding"][0], embedder.embed([embedder.tokenize("hello")])[0], atol=1e-6)

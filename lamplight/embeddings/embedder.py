@@ -108,6 +108,7 @@ class Embedder:
         self.n_ctx = min(n_ctx or self.body.n_ctx_train, self.body.n_ctx_train)
         self.limits = Limits(self.n_ctx, n_ubatch, splittable=self.body.causal and self.pooling is Pooling.LAST)
         self.rerank_template = gguf.metadata.get(RERANK_TEMPLATE_KEY)
+        self.file_type = gguf.metadata.get("general.file_type")
         self._lock = threading.Lock()
 
     @property

@@ -164,6 +164,7 @@ class EmbeddingOnlyModel:
     tokenizer: Any
     chat_template: Any = None
     kernels: str = "pytorch float32 encoder"
+    file_type: int | None = None  # the GGUF's general.file_type (/props model_ftype)
 
 
 def embeds_only(path: str | Path) -> bool:

@@ -37,9 +37,10 @@ async def health(request: Request) -> Response:
 @router.get("/props")
 async def props(request: Request) -> Response:
     state = server_state(request)
-    state.require_ready()
+    state.require_loaded()
+    if state.engine is None:
+        return json_response(_embedding_only_props(state))
     settings, model, engine = state.settings, state.model, state.engine
-    template, tokenizer = model.chat_template, model.tokenizer
     return json_response({
         "default_generation_settings": {
             "params": props_default_params(default_sampling(settings), settings.n_predict, settings.n_keep,
@@ -49,8 +50,33 @@ async def props(request: Request) -> Response:
         "total_slots": engine.n_parallel,
         # lamplight's own: what computes the model, and the resident budget by purpose.
         "lamplight": {"kernels": getattr(model, "kernels", None), "memory_mib": memory_budget(model, engine)},
+        **_model_props(state),
+    })
+
+
+def _embedding_only_props(state) -> dict:
+    """A model that only embeds has no engine: its context is the embedder's (one input's), one
+    slot computes (llama-server lists its -np slots, all of which embed), no KV cache."""
+    settings = state.settings
+    return {
+        "default_generation_settings": {
+            "params": props_default_params(default_sampling(settings), settings.n_predict, settings.n_keep),
+            "n_ctx": state.embedder.n_ctx,
+        },
+        "total_slots": 1,
+        "lamplight": {"kernels": getattr(state.model, "kernels", None)},
+        **_model_props(state),
+    }
+
+
+def _model_props(state) -> dict:
+    """The fields of /props that describe the model and the server, whatever it computes."""
+    settings, model = state.settings, state.model
+    template, tokenizer = model.chat_template, model.tokenizer
+    return {
         "model_alias": state.model_name,
-        "model_ftype": ftype_name(model.gguf.metadata),
+        "model_ftype": ftype_name(model.gguf.metadata if state.engine is not None
+                                  else {"general.file_type": model.file_type}),
         "model_path": str(model.path),
         "modalities": {"vision": state.media is not None, "video": False, "audio": False},
         "media_marker": state.media.marker if state.media is not None else media_marker(),
@@ -59,14 +85,14 @@ async def props(request: Request) -> Response:
         "endpoint_metrics": settings.metrics,
         "ui": settings.webui and settings.static_path is None,
         "ui_settings": {},
-        "chat_template": template.source,
+        "chat_template": template.source if template is not None else "",
         "chat_template_caps": _template_caps(template),
         "bos_token": token_text(tokenizer, tokenizer.bos_id),
         "eos_token": token_text(tokenizer, tokenizer.eos_id),
         "build_info": settings.build_info,
         "is_sleeping": False,
         "cors_proxy_enabled": False,
-    })
+    }
 
 
 def _template_caps(template) -> dict:

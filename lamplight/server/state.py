@@ -57,7 +57,9 @@ class ServerState:
 
     @property
     def tokenizer(self) -> Any:
-        self.require_ready()
+        """The model's tokenizer, also of a model that only embeds (/tokenize works there, as in
+        llama-server)."""
+        self.require_loaded()
         return self.model.tokenizer
 
     def grammar_compiler(self):
