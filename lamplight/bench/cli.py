@@ -13,14 +13,14 @@ from lamplight.bench.client import BenchError
 from lamplight.bench.config import DEFAULT_CONFIG, QUICK_CONFIG, BenchConfig
 from lamplight.bench.progress import Progress
 from lamplight.bench.report import BenchReport, format_table, write_json
-from lamplight.bench.runner import BenchOptions, ServerSpec, run_benchmark
-from lamplight.bench.scenarios import SCENARIOS
+from lamplight.bench.runner import DEFAULT_SCENARIOS, SCENARIOS, BenchOptions, ServerSpec, run_benchmark
 
 DESCRIPTION = (
     "Benchmark OpenAI-compatible servers (lamplight, llama.cpp's llama-server, vLLM...) with "
     "streamed requests: decode speed, time to first token, throughput under concurrency and "
     "prefix-cache reuse, multi-turn conversations, copy edits (answers that repeat the prompt: speculative "
-    "decoding's ground, with the share of drafted tokens accepted) and an 8K-token context. With --compare (repeatable: servers B, C, ...), all servers "
+    "decoding's ground, with the share of drafted tokens accepted) and an 8K-token context; on request, "
+    "embeddings and rerank throughput. With --compare (repeatable: servers B, C, ...), all servers "
     "run the same prompts, interleaved."
 )
 
@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--api", choices=("completions", "chat"), default="completions",
                         help="endpoint: /v1/completions or /v1/chat/completions")
     parser.add_argument("--scenarios", nargs="+", metavar="NAME", type=_scenario_names,
-                        help=f"which to run, of {', '.join(SCENARIOS)} (default: all)")
+                        help=f"which to run, of {', '.join(SCENARIOS)} (default: all but embeddings and "
+                             "rerank, which need a server started with --embedding or --reranking)")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes, for a first look or a slow CPU server")
     parser.add_argument("--json", metavar="PATH", help="write all per-request figures here")
@@ -193,7 +194,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         servers.append(ServerSpec(url, compare_models[i] if i < len(compare_models) else None))
     if len(servers) > 26:
         raise BenchError("at most 26 servers (A to Z)")
-    names = [name for group in (args.scenarios or [list(SCENARIOS)]) for name in group]
+    names = [name for group in (args.scenarios or [DEFAULT_SCENARIOS]) for name in group]
     return BenchOptions(
         servers=servers,
         scenarios=list(dict.fromkeys(names)),

@@ -91,6 +91,15 @@ class RequestResult:
         }
 
 
+@dataclass
+class TimedAnswer:
+    """A non-streamed request's wall time and its JSON body (None with an error)."""
+
+    total_s: float
+    data: Any = None
+    error: str | None = None
+
+
 class StreamRecorder:
     """Turns the SSE events of one response into a RequestResult, stamping arrival times."""
 
@@ -221,6 +230,22 @@ class ServerClient:
         except httpx.HTTPError as exc:
             return recorder.finish(describe_transport_error(self.url, exc))
         return recorder.finish()
+
+    async def post_timed(self, path: str, body: dict) -> TimedAnswer:
+        """One non-streamed POST (embeddings, rerank), timed from sending to the whole body read."""
+        if self.model:
+            body = {"model": self.model, **body}
+        started = time.perf_counter()
+        try:
+            response = await self._http.post(path, json=body)
+            if response.status_code >= 400:
+                return TimedAnswer(time.perf_counter() - started, error=await _describe_http_error(response))
+            data = response.json()
+        except httpx.HTTPError as exc:
+            return TimedAnswer(time.perf_counter() - started, error=describe_transport_error(self.url, exc))
+        except ValueError:
+            return TimedAnswer(time.perf_counter() - started, error=f"{path} answered a body that is not JSON")
+        return TimedAnswer(time.perf_counter() - started, data)
 
     def _endpoint(self) -> str:
         return "/v1/chat/completions" if self.api == "chat" else "/v1/completions"

@@ -42,6 +42,16 @@ class BenchConfig:
     long_context_tokens: int = 8000
     long_context_max_tokens: int = 64
     long_context_repeats: int = 2
+    # (8) embeddings: one request of many short inputs (a RAG tool indexing its chunks); the
+    # server needs --embedding (llama-server: --embedding --pooling mean on a decoder)
+    embeddings_inputs: int = 256
+    embeddings_input_tokens: int = 20
+    embeddings_repeats: int = 3
+    # (9) rerank: one query against many passages (a RAG tool's second stage); --reranking
+    rerank_documents: int = 64
+    rerank_document_tokens: int = 200
+    rerank_query_tokens: int = 16
+    rerank_repeats: int = 3
     # Warm-up request sent to each server before measuring (first requests are often slow).
     warmup_max_tokens: int = 8
 
@@ -69,5 +79,10 @@ QUICK_CONFIG = BenchConfig(
     long_context_tokens=4000,
     long_context_max_tokens=16,
     long_context_repeats=1,
+    embeddings_inputs=32,
+    embeddings_repeats=1,
+    rerank_documents=8,
+    rerank_document_tokens=64,
+    rerank_repeats=1,
     warmup_max_tokens=4,
 )

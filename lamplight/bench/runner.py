@@ -14,7 +14,13 @@ from lamplight.bench.context import BenchContext, Target
 from lamplight.bench.progress import Progress
 from lamplight.bench.prompts import PromptFactory
 from lamplight.bench.report import BenchReport
-from lamplight.bench.scenarios import SCENARIOS
+from lamplight.bench.retrieval import RETRIEVAL_SCENARIOS
+from lamplight.bench.scenarios import SCENARIOS as GENERATION_SCENARIOS
+
+# Every scenario by name; a run without --scenarios runs the generation ones (the retrieval ones
+# need a server started for them).
+SCENARIOS = {**GENERATION_SCENARIOS, **RETRIEVAL_SCENARIOS}
+DEFAULT_SCENARIOS = list(GENERATION_SCENARIOS)
 
 # Head-room in the connection pool above the highest concurrency, for probes and tokenizing.
 SPARE_CONNECTIONS = 8
@@ -29,7 +35,7 @@ class ServerSpec:
 @dataclass
 class BenchOptions:
     servers: list[ServerSpec]
-    scenarios: list[str] = field(default_factory=lambda: list(SCENARIOS))
+    scenarios: list[str] = field(default_factory=lambda: list(DEFAULT_SCENARIOS))
     config: BenchConfig = DEFAULT_CONFIG
     api: str = "completions"
     seed: int = 0
@@ -47,7 +53,9 @@ async def run_benchmark(options: BenchOptions, progress: Progress) -> BenchRepor
                    for label, spec in zip(string.ascii_uppercase, options.servers)]
         prompts = await _prompt_factory(targets, options.seed, progress)
         ctx = BenchContext(targets, prompts, options.config, progress, options.api)
-        warmup = [await _warm_up(ctx, target) for target in targets]
+        # The retrieval scenarios warm up with their own kind of request (an encoder cannot generate).
+        generates = any(name in GENERATION_SCENARIOS for name in options.scenarios)
+        warmup = [await _warm_up(ctx, target) for target in targets] if generates else []
         scenarios = [await SCENARIOS[name](ctx) for name in options.scenarios]
     return BenchReport(
         servers={t.label: t.info for t in targets},
