@@ -19,6 +19,9 @@ from lamplight.models.activations import GELU_IDENTITY_FROM, fp16_gelu_table, ge
 from lamplight.native import abi, build, runtime
 from lamplight.native.elementwise import fp16_lookup
 from lamplight.native.kernels import QKernels
+from lamplight.gguf.file import TensorInfo
+from lamplight.gguf.quant import dequantize as dequantize_info
+from lamplight.native import linear as native_linear
 from lamplight.native.linear import NativeLinear
 from lamplight.native.pack import pack
 
@@ -90,3 +93,31 @@ def test_the_native_gelu_lookup_in_place(lib):
     before = strided.clone()
     assert torch.equal(fp16_lookup(lib, fp16_gelu_table(), strided, GELU_IDENTITY_FROM, in_place=True),
                        gelu_tanh_fp16_table(before, 1.0)) and torch.equal(strided, before)
+
+
+@pytest.mark.parametrize("variant", build.runnable_variants())
+@pytest.mark.parametrize("qtype", [Q.F16, Q.BF16], ids=lambda t: t.name)
+def test_half_precision_linears_give_the_float32_dots_bits_whatever_the_rows(variant, qtype, monkeypatch):
+    """fp16/bf16 weights read as stored (AVX-512: up to six rows share each widened column, the
+    rest of a batch in smaller tiles) give, row by row, the bits of the same weights widened to
+    float32 beforehand (the one dot order of every build), whatever rows come with a row; a
+    column count that is not a multiple of the 4-column tiles keeps its last columns too."""
+    lib = runtime.load_variant(variant)
+    lib.lp_set_threads(2)
+    rng = np.random.default_rng(5)
+    raw = (rng.standard_normal((71, 160)) * 0.05).astype(np.float16 if qtype == Q.F16 else np.float32)
+    if qtype == Q.BF16:
+        raw = (raw.view(np.uint32) >> 16).astype(np.uint16)
+    info = TensorInfo(f"random {qtype.name}", qtype, (71, 160), raw.view(np.uint8).reshape(71, -1))
+    bias = torch.randn(71, generator=torch.Generator().manual_seed(6))
+    half = NativeLinear(lib, [info], bias)
+    x = torch.randn(45, 160, generator=torch.Generator().manual_seed(7))
+    y = half(x)
+    monkeypatch.setattr(native_linear, "_DENSE_FORMATS", {})
+    wide = NativeLinear(lib, [info], bias)
+    assert wide.lin.parts[0].w.format == abi.DENSE_F32 and half.lin.parts[0].w.format != abi.DENSE_F32
+    np.testing.assert_array_equal(bits(y.numpy()), bits(wide(x).numpy()))
+    for rows in (slice(0, 1), slice(44, 45), slice(3, 10), slice(1, 25), slice(6, 45)):
+        np.testing.assert_array_equal(bits(half(x[rows]).numpy()), bits(y[rows].numpy()))
+    dequantized = dequantize_info(info)
+    torch.testing.assert_close(y, x @ dequantized.T + bias, rtol=1e-5, atol=1e-5)

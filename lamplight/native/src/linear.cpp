@@ -91,6 +91,99 @@ inline void dot_tile_as(int format, const float* x, const uint16_t* tile, int k,
         dot_tile<LP_DENSE_F16, R>(x, tile, k, out);
 }
 
+#if defined(__AVX512F__)
+// 16 values of a tile's column, fp16 or bf16, widened exactly to float32.
+template <int FORMAT>
+inline __m512 column16(const uint16_t* tile, int64_t at) {
+    __m256i h = _mm256_loadu_si256((const __m256i*)(tile + at));
+    if (FORMAT == LP_DENSE_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+// dot_tile's sums in 16-lane vectors: lanes 0-7 carry its first accumulator (k i..i+7 of each 16),
+// lanes 8-15 its second, and the halves then add and reduce as there, so every output has dot_tile's
+// bits (and dot()'s: the AVX2 and generic builds'). Up to kWideTileRows rows share each column's
+// values: a prompt's or an encoder batch's thousands of rows run near the FMA units' peak.
+constexpr int kWideTileRows = 6;  // 6 x 4 accumulators + 6 rows + 1 column: 31 of 32 registers
+
+// dot_tile's final sums of four 16-lane accumulators at once (lane l of column j's is a0[l] for
+// l < 8, a1[l - 8] after): v = a0 + a1; s = v[0:4] + v[4:8]; t = (s0 + s2, s1 + s3); t0 + t1,
+// each column's in its own 128-bit quarter, the same additions as dot_tile's.
+inline __m128 reduce_four(const __m512 a[4]) {
+    // Quarters [a_j.q0, a_j.q1, a_j+1.q0, a_j+1.q1] + [a_j.q2, a_j.q3, a_j+1.q2, a_j+1.q3]: v_j | v_j+1.
+    __m512 v01 = _mm512_add_ps(_mm512_shuffle_f32x4(a[0], a[1], 0x44), _mm512_shuffle_f32x4(a[0], a[1], 0xEE));
+    __m512 v23 = _mm512_add_ps(_mm512_shuffle_f32x4(a[2], a[3], 0x44), _mm512_shuffle_f32x4(a[2], a[3], 0xEE));
+    // [v0 lo, v1 lo, v2 lo, v3 lo] + [v0 hi, v1 hi, v2 hi, v3 hi]: s_j in quarter j.
+    __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(v01, v23, 0x88), _mm512_shuffle_f32x4(v01, v23, 0xDD));
+    __m512 t = _mm512_add_ps(s, _mm512_permute_ps(s, 0xEE));   // + (s2, s3, s2, s3): movehl
+    __m512 u = _mm512_add_ps(t, _mm512_movehdup_ps(t));        // + (t1, t1, t3, t3)
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), u));
+}
+
+template <int FORMAT, int R>
+void dot_tile16(const float* x, const uint16_t* tile, int k, float* out /* [R][4] */) {
+    __m512 a[R][kTileCols];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < kTileCols; j++) a[r][j] = _mm512_setzero_ps();
+    for (int i = 0; i < k; i += kTileK) {
+        __m512 xr[R];
+        // The weights' next lines asked for 2 KiB ahead: a few rows' FMAs are too short for the
+        // hardware's prefetch to keep up (8 rows of an 8192 x 2048 F16 weight: 1.2 against 1.6 ms).
+        const char* ahead = (const char*)(tile + (int64_t)i * kTileCols) + 2048;
+        _mm_prefetch(ahead, _MM_HINT_T0);
+        _mm_prefetch(ahead + 64, _MM_HINT_T0);
+        for (int r = 0; r < R; r++) xr[r] = _mm512_loadu_ps(x + (int64_t)r * k + i);
+        for (int j = 0; j < kTileCols; j++) {
+            __m512 w = column16<FORMAT>(tile, (int64_t)i * kTileCols + kTileK * j);
+            for (int r = 0; r < R; r++) a[r][j] = _mm512_fmadd_ps(xr[r], w, a[r][j]);
+        }
+    }
+    for (int r = 0; r < R; r++) _mm_storeu_ps(out + r * kTileCols, reduce_four(a[r]));
+}
+
+template <int FORMAT>
+void dot_tile16_rows(int rows, const float* x, const uint16_t* tile, int k, float* out) {
+    switch (rows) {
+        case 6: return dot_tile16<FORMAT, 6>(x, tile, k, out);
+        case 5: return dot_tile16<FORMAT, 5>(x, tile, k, out);
+        case 4: return dot_tile16<FORMAT, 4>(x, tile, k, out);
+        case 3: return dot_tile16<FORMAT, 3>(x, tile, k, out);
+        case 2: return dot_tile16<FORMAT, 2>(x, tile, k, out);
+        default: return dot_tile16<FORMAT, 1>(x, tile, k, out);
+    }
+}
+
+constexpr int kMaxTileRows = kWideTileRows;
+
+// The first rows (up to kWideTileRows of the `rows` at x) of one tile group (4 columns) into
+// out [rows][4]; returns how many.
+inline int row_tile(int format, int rows, const float* x, const uint16_t* tile, int k, float* out) {
+    rows = std::min(rows, kWideTileRows);
+    if (format == LP_DENSE_BF16)
+        dot_tile16_rows<LP_DENSE_BF16>(rows, x, tile, k, out);
+    else
+        dot_tile16_rows<LP_DENSE_F16>(rows, x, tile, k, out);
+    return rows;
+}
+
+// y's fp16/bf16 columns [begin, end) for n_rows rows, in tiles of rows (one row alone computes as
+// in any tile) that read the columns' groups in turn while their rows stay in L1. (Widening the
+// columns once per task instead, to spare the conversions, measured slower: twice the bytes.)
+void dense_half_tiles(const LpLinearPart& part, const float* x, int n_rows, float* y, int64_t ldy, int begin,
+                      int end) {
+    const int k = part.w.k;
+    for (int r = 0; r < n_rows;) {
+        int done = 0;
+        for (int c = begin; c < end; c += kTileCols) {
+            float out[kMaxTileRows * kTileCols];
+            done = row_tile(part.w.format, n_rows - r, x + (int64_t)r * k, dense_tile(part, c / kTileCols), k, out);
+            for (int i = 0; i < done; i++)
+                for (int j = 0; j < kTileCols && c + j < end; j++) y[(int64_t)(r + i) * ldy + c + j] = out[i * kTileCols + j];
+        }
+        r += done;
+    }
+}
+#else
 // y's fp16/bf16 columns [begin, end) for n_rows rows. With F16C: each tile group straight from its
 // values (no buffer), for blocks of rows, a group (4 columns) staying in L1 while the block's rows
 // read it.
@@ -115,6 +208,7 @@ void dense_half_tiles(const LpLinearPart& part, const float* x, int n_rows, floa
         }
     }
 }
+#endif
 #else
 inline float widen1(int format, uint16_t h) {
     if (format == LP_DENSE_F16) return lp::half_to_float(h);
@@ -198,31 +292,40 @@ void linear(const LpLinear& lin, const float* x, int n_rows, float* y, vector<ui
     for (int p = 0; p < lin.n_parts; p++) any_packed |= lin.parts[p].dense == nullptr;
     if (any_packed && !quantized) quantize(x, n_rows, k, acts);
     // Tasks: column chunks of every part, sized so each thread gets several (load balance) and
-    // each chunk is a multiple of the kernel's column group.
-    struct Chunk { int part, begin, end, offset; };
+    // each chunk is a multiple of the kernel's column group. A dense part's chunks also split
+    // the rows in blocks, the blocks outermost: the threads' chunks then read one block of x
+    // (from L3) at a time, not all of x (tens of MiB for an encoder's batch) once per chunk.
+    struct Chunk { int part, begin, end, offset, row_begin, row_end; };
     vector<Chunk> chunks;
     int threads = lp::pool_threads();
-    int offset = 0;
-    for (int p = 0; p < lin.n_parts; p++) {
+    vector<int> offsets(lin.n_parts, 0);
+    for (int p = 1; p < lin.n_parts; p++) offsets[p] = offsets[p - 1] + lin.parts[p - 1].w.n;
+    auto add_chunks = [&](int p, int row_begin, int row_end) {
         const LpLinearPart& part = lin.parts[p];
         int64_t align = column_align(part);
-        int64_t target = std::max<int64_t>(align, (int64_t)part.w.n * lin.n_parts / (threads * 8 * lin.n_parts));
+        int64_t target = std::max<int64_t>(align, (int64_t)part.w.n / (threads * 8));
         int64_t step = (target + align - 1) / align * align;
         for (int64_t c = 0; c < part.w.n; c += step)
-            chunks.push_back({p, (int)c, (int)std::min<int64_t>(c + step, part.w.n), offset});
-        offset += part.w.n;
-    }
+            chunks.push_back({p, (int)c, (int)std::min<int64_t>(c + step, part.w.n), offsets[p], row_begin, row_end});
+    };
+    const int dense_block_rows = 192;
+    for (int p = 0; p < lin.n_parts; p++)
+        if (!lin.parts[p].dense) add_chunks(p, 0, n_rows);
+    for (int r0 = 0; r0 < n_rows || r0 == 0; r0 += dense_block_rows)
+        for (int p = 0; p < lin.n_parts; p++)
+            if (lin.parts[p].dense) add_chunks(p, r0, std::min(n_rows, r0 + dense_block_rows));
     const int64_t ldy = lin.n_out;
     lp::parallel_for((int64_t)chunks.size(), [&](int64_t task, int) {
         const Chunk& ch = chunks[task];
         const LpLinearPart& part = lin.parts[ch.part];
-        float* yp = y + ch.offset;
+        const int rows = ch.row_end - ch.row_begin;
+        float* yp = y + ch.offset + (int64_t)ch.row_begin * ldy;
         if (part.dense)
-            dense_columns(part, x, n_rows, yp, ldy, ch.begin, ch.end);
+            dense_columns(part, x + (int64_t)ch.row_begin * k, rows, yp, ldy, ch.begin, ch.end);
         else
             lp::qmatmul(&part.w, acts.data(), n_rows, yp, ldy, ch.begin, ch.end);
         if (lin.bias)
-            for (int r = 0; r < n_rows; r++)
+            for (int r = 0; r < rows; r++)
                 for (int c = ch.begin; c < ch.end; c++) yp[(int64_t)r * ldy + c] += lin.bias[ch.offset + c];
     });
     add_loras(lin, x, n_rows, y, lora_scales);
