@@ -294,21 +294,27 @@ void linear(const LpLinear& lin, const float* x, int n_rows, float* y, vector<ui
     // Tasks: column chunks of every part, sized so each thread gets several (load balance) and
     // each chunk is a multiple of the kernel's column group. A dense part's chunks also split
     // the rows in blocks, the blocks outermost: the threads' chunks then read one block of x
-    // (from L3) at a time, not all of x (tens of MiB for an encoder's batch) once per chunk.
+    // (from L3) at a time, not all of x (tens of MiB for an encoder's batch) once per chunk; and
+    // in a whole block a chunk takes up to 256 KiB of weights (which stay in L2 while its rows
+    // pass in tiles), fewer chunks reading each row (768 x 768 F16, 4000 rows: 340 against 265
+    // GFLOP/s on 2 Zen 5 cores).
     struct Chunk { int part, begin, end, offset, row_begin, row_end; };
     vector<Chunk> chunks;
     int threads = lp::pool_threads();
     vector<int> offsets(lin.n_parts, 0);
     for (int p = 1; p < lin.n_parts; p++) offsets[p] = offsets[p - 1] + lin.parts[p - 1].w.n;
+    const int dense_block_rows = 192;
+    const int64_t dense_chunk_bytes = 256 << 10;
     auto add_chunks = [&](int p, int row_begin, int row_end) {
         const LpLinearPart& part = lin.parts[p];
         int64_t align = column_align(part);
         int64_t target = std::max<int64_t>(align, (int64_t)part.w.n / (threads * 8));
+        if (part.dense && row_end - row_begin == dense_block_rows)
+            target = std::max<int64_t>(target, dense_chunk_bytes / ((part.w.format == LP_DENSE_F32 ? 4 : 2) * part.w.k));
         int64_t step = (target + align - 1) / align * align;
         for (int64_t c = 0; c < part.w.n; c += step)
             chunks.push_back({p, (int)c, (int)std::min<int64_t>(c + step, part.w.n), offsets[p], row_begin, row_end});
     };
-    const int dense_block_rows = 192;
     for (int p = 0; p < lin.n_parts; p++)
         if (!lin.parts[p].dense) add_chunks(p, 0, n_rows);
     for (int r0 = 0; r0 < n_rows || r0 == 0; r0 += dense_block_rows)
