@@ -1,8 +1,9 @@
-"""The native pieces the encoders use outside any model: one linear (lamplight.native.linear.
-NativeLinear, src/linear.cpp's lp_linear on the pool's threads), the bits of the single-threaded
-matmul of tests/test_native_kernels.py plus the bias, whatever rows come with a row, and a
-description the forward would refuse refused here too; and ggml's fp16 GELU table looked up in
-one pass (src/table.cpp), the bits of the PyTorch lookup on every build."""
+"""The native pieces the encoders use outside any model: their attention (src/encoder_attention.cpp,
+PyTorch's to float32 rounding, the same bits on every build and in any batch); one linear
+(lamplight.native.linear.NativeLinear, src/linear.cpp's lp_linear on the pool's threads), the bits
+of the single-threaded matmul of tests/test_native_kernels.py plus the bias, whatever rows come with
+a row, and a description the forward would refuse refused here too; and ggml's fp16 GELU table
+looked up in one pass (src/table.cpp), the bits of the PyTorch lookup on every build."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import ctypes
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
 
 from test_native_kernels import bits, random_info
 
 from lamplight.models.activations import GELU_IDENTITY_FROM, fp16_gelu_table, gelu_tanh_fp16_table
 from lamplight.native import abi, build, runtime
-from lamplight.native.elementwise import fp16_lookup
+from lamplight.native.elementwise import attend_full, fp16_lookup
 from lamplight.native.kernels import QKernels
 from lamplight.gguf.file import TensorInfo
 from lamplight.gguf.quant import dequantize as dequantize_info
@@ -121,3 +123,36 @@ def test_half_precision_linears_give_the_float32_dots_bits_whatever_the_rows(var
         np.testing.assert_array_equal(bits(half(x[rows]).numpy()), bits(y[rows].numpy()))
     dequantized = dequantize_info(info)
     torch.testing.assert_close(y, x @ dequantized.T + bias, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n,head_dim", [(37, 64), (13, 32), (1, 16)])
+def test_the_encoders_attention_is_pytorchs_and_the_same_bits_everywhere(n, head_dim):
+    """lp_attend_full (src/encoder_attention.cpp): every row of a sequence attends to all of it,
+    as F.scaled_dot_product_attention computes (to float32 rounding); the same bits on every build,
+    for a sequence alone or beside others, from row-strided views (a fused Q/K/V's columns)."""
+    heads, n_seqs = 3, 4
+    qkv = torch.randn(n_seqs * n, 3 * heads * head_dim, generator=torch.Generator().manual_seed(8))
+    q, k, v = qkv.split(heads * head_dim, dim=1)
+    scale = head_dim ** -0.5
+    shape = (n_seqs, n, heads, head_dim)
+    expected = F.scaled_dot_product_attention(*(t.reshape(shape).transpose(1, 2) for t in (q, k, v)))
+    expected = expected.transpose(1, 2).reshape(n_seqs * n, heads * head_dim)
+    results = []
+    for variant in build.runnable_variants():
+        lib = runtime.load_variant(variant)
+        lib.lp_set_threads(2)
+        together = attend_full(lib, q, k, v, n_seqs, heads, scale)
+        torch.testing.assert_close(together, expected, rtol=1e-5, atol=1e-5)
+        alone = attend_full(lib, q[n:2 * n], k[n:2 * n], v[n:2 * n], 1, heads, scale)
+        np.testing.assert_array_equal(bits(alone.numpy()), bits(together[n:2 * n].numpy()))
+        results.append(together)
+    for other in results[1:]:
+        np.testing.assert_array_equal(bits(other.numpy()), bits(results[0].numpy()))
+
+
+def test_the_encoders_attention_refuses_what_it_cannot_compute(lib):
+    x = torch.zeros(8, 2 * 24)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        attend_full(lib, x, x, x, 2, 2, 0.2)  # heads of 24 values
+    with pytest.raises(ValueError, match="not 3 sequences"):
+        attend_full(lib, x, x, x, 3, 2, 0.2)

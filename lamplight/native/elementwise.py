@@ -1,4 +1,5 @@
-"""Elementwise functions on the native library's threads, outside any model (src/table.cpp)."""
+"""Functions on the native library's threads outside any model: elementwise (src/table.cpp) and the
+encoders' attention (src/encoder_attention.cpp)."""
 
 from __future__ import annotations
 
@@ -22,4 +23,32 @@ def fp16_lookup(lib: ctypes.CDLL, table: torch.Tensor, x: torch.Tensor, identity
     rc = lib.lp_fp16_lookup(table.data_ptr(), src.data_ptr(), src.numel(), identity_from, out.data_ptr())
     if rc != abi.LP_OK:
         raise abi.error(lib, rc, "lp_fp16_lookup")
+    return out
+
+
+# lp_attend_full's head size is a multiple of this.
+ATTEND_FULL_LANES = 16
+
+
+def attend_full(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_seqs: int, n_heads: int,
+                scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q k^T * scale) v per head over all rows of each of the n_seqs sequences of equal
+    length that q, k, v [n_seqs * n, n_heads * head_dim] hold one after another (views with any
+    row stride, columns contiguous); into `out` (float32, rows of contiguous columns) or a new
+    tensor."""
+    rows, width = q.shape
+    if k.shape != q.shape or v.shape != q.shape or rows % max(n_seqs, 1) or width % n_heads:
+        raise ValueError(f"q, k, v {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}: not {n_seqs} sequences of "
+                         f"{n_heads} heads")
+    parts = [t if t.dtype == torch.float32 and t.stride(1) == 1 else t.float().contiguous() for t in (q, k, v)]
+    if out is None:
+        out = torch.empty(rows, width)
+    if out.shape != q.shape or out.dtype != torch.float32 or out.stride(1) != 1:
+        raise ValueError(f"out {tuple(out.shape)} {out.dtype}: not float32 rows of {width} contiguous values")
+    if rows == 0:
+        return out
+    rc = lib.lp_attend_full(*(t.data_ptr() for t in parts), *(t.stride(0) for t in parts), n_seqs,
+                            rows // n_seqs, n_heads, width // n_heads, scale, out.data_ptr(), out.stride(0))
+    if rc != abi.LP_OK:
+        raise abi.error(lib, rc, "lp_attend_full")
     return out

@@ -205,6 +205,14 @@ int32_t lp_linear(const LpLinear* lin, const float* x, int32_t n_rows, float* y)
 /* y[i] = x[i] >= identity_from ? x[i] : table[fp16 bits of x[i], rounded to nearest even] for
 i < n, on the pool's threads (src/table.cpp: ggml's fp16 GELU table). table: 65536 floats. */
 int32_t lp_fp16_lookup(const float* table, const float* x, int64_t n, float identity_from, float* y);
+/* The encoders' attention (src/encoder_attention.cpp): for each of n_seqs sequences of n rows
+(consecutive rows of q, k and v, at row strides ld_q, ld_k, ld_v floats) and each of n_heads heads
+of head_dim values (a multiple of 16; head h at column h * head_dim), out = softmax(q k^T * scale) v
+over all n rows of the sequence (no mask), on the pool's threads. Each (sequence, head) is computed
+alone: the same bits in any batch and on every build. */
+int32_t lp_attend_full(const float* q, const float* k, const float* v, int64_t ld_q, int64_t ld_k, int64_t ld_v,
+                       int32_t n_seqs, int32_t n, int32_t n_heads, int32_t head_dim, float scale, float* out,
+                       int64_t ld_out);
 // Bytes of scratch the model's steps have grown so far (it grows with the largest step: the
 // rows of a step and the longest context attended to).
 int64_t lp_model_scratch_bytes(void* model);
