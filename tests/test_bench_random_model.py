@@ -376,7 +376,7 @@ def test_command_line_writes_encoders_and_projectors(tmp_path, capsys):
 def test_an_encoder_step_reuses_its_buffers(encoder_files):
     """A 4000-token step's FFN rows are 47 MiB: allocated afresh (mmap) each time, every page of
     them faults and is zeroed again at each step; the encoder keeps freed blocks in the heap
-    (encoder._keep_freed_buffers), so a repeated step pages in next to nothing. The Q8_0 file's
+    (lamplight.heap.keep_freed_buffers), so a repeated step pages in next to nothing. The Q8_0 file's
     linears run on the native integer kernels, the F16 file's on the native float32 ones."""
     import resource
 

@@ -21,8 +21,6 @@ padding, so an input's states do not depend on what else is in the step.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -32,6 +30,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 
 from ..gguf.file import GGUFError, GGUFFile
+from ..heap import keep_freed_buffers
 from ..kernels.linear import BATCH_INVARIANT_ROWS, DenseKernel
 from ..models.activations import GELU_IDENTITY_FROM, fp16_gelu_table, gelu_tanh_fp16_table
 from ..models.layers import Rotary
@@ -41,9 +40,6 @@ from ..native.elementwise import ATTEND_FULL_LANES, attend_full, fp16_lookup
 from ..native.linear import NativeLinear
 
 NATIVE_BACKENDS = ("native", "fast")
-# glibc's mallopt parameters, and the size up to which freed blocks stay in the heap for reuse.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-KEEP_FREED_BYTES = 256 << 20
 
 ENCODER_ARCHITECTURES = ("bert", "nomic-bert")
 
@@ -119,20 +115,6 @@ def _widened_natively(info) -> bool:
     return info.qtype in (GGMLQuantizationType.F16, GGMLQuantizationType.BF16) and info.shape[1] % abi.DENSE_TILE_K == 0
 
 
-@functools.cache
-def _keep_freed_buffers() -> bool:
-    """A step's tensors are tens of MiB (a 4096-token step's FFN rows: 48 MiB), and glibc maps
-    every block over its mmap threshold afresh and unmaps it when freed, so each is paged in and
-    zeroed again: 1.4M page faults, a quarter of the time of a 64-document rerank. Kept in the
-    heap (the process holds its largest step's working set, as llama.cpp holds its compute
-    buffer), they are reused: 3 faults. Process-wide and once; False where mallopt is missing."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, KEEP_FREED_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, 2 * KEEP_FREED_BYTES))
-
-
 def _layer_norm(w: WeightSource, name: str, eps: float) -> LayerNorm:
     return LayerNorm(w.dense(name + ".weight"), w.optional_dense(name + ".bias"), eps)
 
@@ -206,7 +188,7 @@ class Encoder:
             self.rotary = Rotary(self.head_dim, base, self.n_ctx_train, neox=True)
         self.embd_norm = _layer_norm(w, "token_embd_norm", eps)
         n_layers = int(gguf.require_arch_value("block_count"))
-        _keep_freed_buffers()
+        keep_freed_buffers()
         lib = runtime.library() if backend in NATIVE_BACKENDS else None
         self.lib = lib
         if lib is not None:

@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 
 from ..grammar import fill_masks
+from ..heap import release_freed_memory
 from ..models.batch import SequenceChunk
 from ..models.lora import LoraAdapter
 from ..runner.base import ModelRunner
@@ -62,6 +63,9 @@ from .types import (
 __all__ = ["Engine", "RequestHandle", "Slot", "common_prefix"]
 
 log = logging.getLogger("lamplight.engine")
+
+# Seconds without work after which the engine gives the steps' freed memory back (lamplight.heap).
+IDLE_RELEASE_S = 0.5
 
 
 
@@ -233,14 +237,20 @@ class Engine:
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
+        worked = False  # since the freed memory was last given back
         while not self._stop:
             self._wakeup.clear()
             try:
-                self._run_control()
+                worked |= self._run_control()
                 self._drop_cancelled()
                 self._admit_waiting()
-                if not self._step():
-                    self._wakeup.wait(timeout=0.5)
+                if self._step():
+                    worked = True
+                elif not self._wakeup.wait(timeout=IDLE_RELEASE_S) and worked:
+                    # Quiet for a moment after work: the steps' freed blocks go back to the
+                    # system, not between a burst's requests.
+                    release_freed_memory()
+                    worked = False
             except Exception as exc:  # never let the loop die: fail the running requests instead
                 log.exception("engine step failed")
                 self._fail_all(f"internal error in the engine: {exc!r}")
@@ -254,13 +264,16 @@ class Engine:
         self._wake()
         return future.result(timeout=timeout)
 
-    def _run_control(self) -> None:
+    def _run_control(self) -> bool:
+        """Runs the calls queued for the engine thread; whether there were any."""
+        ran = bool(self._control)
         while self._control:
             fn, future = self._control.popleft()
             try:
                 future.set_result(fn())
             except Exception as exc:
                 future.set_exception(exc)
+        return ran
 
     @property
     def fingerprint(self) -> str:
