@@ -55,6 +55,23 @@ def test_a_native_linear_gives_the_matmuls_bits_plus_its_bias(lib, qtype):
     assert linear(x.reshape(37, 1, 256)).shape == (37, 1, 128)
 
 
+def test_activations_quantized_for_what_each_linear_reads(lib):
+    """A linear quantizes only the parts of each activation row its weights read (per 32 for
+    Q8_0, per 256 for the k-quants, both when it mixes them): the single-threaded matmul's bits
+    for each, whatever the previous call on this thread left in the shared buffer."""
+    single = QKernels(build.library_path(runtime.variant_of(lib)))
+    infos = {t: random_info(t, 32, 512, seed=11) for t in (Q.Q8_0, Q.Q4_K, Q.Q6_K)}
+    mixed = NativeLinear(lib, [infos[Q.Q4_K], infos[Q.Q8_0]])  # two parts: one reads each
+    for seed, linear, parts in [(1, NativeLinear(lib, [infos[Q.Q8_0]]), [Q.Q8_0]),
+                                (2, NativeLinear(lib, [infos[Q.Q4_K]]), [Q.Q4_K]),
+                                (3, mixed, [Q.Q4_K, Q.Q8_0]),
+                                (4, NativeLinear(lib, [infos[Q.Q6_K]]), [Q.Q6_K]),
+                                (5, NativeLinear(lib, [infos[Q.Q8_0]]), [Q.Q8_0])]:
+        x = torch.randn(9, 512, generator=torch.Generator().manual_seed(seed))
+        expected = torch.cat([single.matmul(pack(infos[t]), x) for t in parts], dim=1)
+        np.testing.assert_array_equal(bits(linear(x).numpy()), bits(expected.numpy()))
+
+
 def test_a_native_linear_refuses_what_the_kernels_do_not_take(lib):
     with pytest.raises(ValueError, match="do not read the same input"):
         NativeLinear(lib, [random_info(Q.Q8_0, 16, 256), random_info(Q.Q8_0, 16, 512)])

@@ -27,6 +27,7 @@ using lp::exp_approx;
 using lp::for_rows;
 using lp::grow;
 using lp::linear;
+using lp::acts_parts;
 using lp::quantize_row;
 using lp::load_kv;
 using lp::store_kv;
@@ -462,12 +463,17 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpL
     float* act = grow(m.act, (size_t)T * F);
 
     PhaseTimer timer;
+    // Each phase quantizes its rows for the linear that reads them next (only the parts of a
+    // row its weights read): qkv or the recurrent in_proj, gate_up (an MoE's experts quantize
+    // their own rows), down.
+    const int attn_parts = acts_parts(layer.recurrent ? layer.recurrent->in_proj : layer.qkv);
+    const int ffn_parts = layer.moe ? 0 : acts_parts(layer.gate_up);
     uint8_t* acts = acts_for(m.acts, T, E);
     for_rows(T, [&](int r, int) {
         float* hr = h + (int64_t)r * E;
         if (pending) add_residual(hr, out + (int64_t)r * E, pending->post_ffn_norm, c);
         branch_input(hr, layer.attn_norm, c, x + (int64_t)r * E);
-        quantize_row(x, E, r, acts);
+        quantize_row(x, E, r, acts, attn_parts);
     });
     timer.lap(P_NORM);
     if (layer.recurrent)
@@ -479,7 +485,7 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpL
         float* hr = h + (int64_t)r * E;
         add_residual(hr, out + (int64_t)r * E, layer.post_attn_norm, c);
         branch_input(hr, layer.ffn_norm, c, x + (int64_t)r * E);
-        quantize_row(x, E, r, acts);
+        quantize_row(x, E, r, acts, ffn_parts);
     });
     timer.lap(P_RESIDUAL);
     if (layer.moe) {
@@ -489,6 +495,7 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpL
     }
     linear(layer.gate_up, x, T, gu, m.acts, true, b.lora_scales);
     timer.lap(P_GATE_UP);
+    const int down_parts = acts_parts(layer.down);
     acts = acts_for(m.acts, T, F);
     for_rows(T, [&](int r, int) {
         const float* g = gu + (int64_t)r * 2 * F;
@@ -497,7 +504,7 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpL
             for (int i = 0; i < F; i++) a[i] = gelu_tanh(g[i]) * g[F + i];
         else
             for (int i = 0; i < F; i++) a[i] = silu(g[i]) * g[F + i];
-        quantize_row(act, F, r, acts);
+        quantize_row(act, F, r, acts, down_parts);
     });
     timer.lap(P_ACTIVATION);
     linear(layer.down, act, T, out, m.acts, true, b.lora_scales);
@@ -568,11 +575,12 @@ void final_norm(Model& m, const LpBatch& b, float* normed, bool for_head) {
     const bool last_pending = !finishes_itself(last);
     float* h = m.h.data();
     uint8_t* acts = for_head ? acts_for(m.acts, b.n_logits, E) : nullptr;
+    const int head_parts = for_head ? acts_parts(c.head) : 0;
     for_rows(b.n_logits, [&](int i, int) {
         float* hr = h + b.logit_rows[i] * E;
         if (last_pending) add_residual(hr, m.out.data() + b.logit_rows[i] * E, last.post_ffn_norm, c);
         rms_norm(hr, c.output_norm, c.rms_eps, E, normed + (int64_t)i * E);
-        if (for_head) quantize_row(normed, E, i, acts);
+        if (for_head) quantize_row(normed, E, i, acts, head_parts);
     });
 }
 

@@ -33,14 +33,17 @@ int64_t column_bytes(const LpLinearPart& part) {
     }
 }
 
-// Quantized activations for `n_rows` rows of x (or nothing if every part is dense).
-void quantize(const float* x, int n_rows, int k, vector<uint8_t>& acts) {
+// Quantized activations for `n_rows` rows of x: the parts of each row the linear's packed
+// weights read (per 32 and/or per 256: a Q8_0 linear needs no super-blocks, a k-quant one no
+// blocks of 32; each is about half the work).
+void quantize(const LpLinear& lin, const float* x, int n_rows, int k, vector<uint8_t>& acts) {
+    const int parts = acts_parts(lin);
     size_t row_bytes = lp_qacts_row_bytes(k);
     uint8_t* dst = grow(acts, row_bytes * (size_t)n_rows);
     const int64_t rows_per_task = 8;
     lp::parallel_for((n_rows + rows_per_task - 1) / rows_per_task, [&](int64_t task, int) {
         int begin = (int)(task * rows_per_task), count = std::min<int>(rows_per_task, n_rows - begin);
-        lp_quantize_rows(x + (int64_t)begin * k, k, k, count, dst + row_bytes * begin);
+        lp::quantize_rows(x + (int64_t)begin * k, k, k, count, dst + row_bytes * begin, parts);
     });
 }
 
@@ -293,8 +296,15 @@ void add_loras(const LpLinear& lin, const float* x, int n_rows, float* y, const 
 
 uint8_t* acts_for(vector<uint8_t>& acts, int n_rows, int k) { return grow(acts, lp_qacts_row_bytes(k) * (size_t)n_rows); }
 
-void quantize_row(const float* x, int k, int r, uint8_t* acts) {
-    lp_quantize_rows(x + (int64_t)r * k, k, k, 1, acts + lp_qacts_row_bytes(k) * r);
+int acts_parts(const LpLinear& lin) {
+    int parts = 0;
+    for (int p = 0; p < lin.n_parts; p++)
+        if (!lin.parts[p].dense) parts |= lp::acts_parts(&lin.parts[p].w);
+    return parts;
+}
+
+void quantize_row(const float* x, int k, int r, uint8_t* acts, int parts) {
+    lp::quantize_rows(x + (int64_t)r * k, k, k, 1, acts + lp_qacts_row_bytes(k) * r, parts);
 }
 
 void linear(const LpLinear& lin, const float* x, int n_rows, float* y, vector<uint8_t>& acts, bool quantized,
@@ -302,7 +312,7 @@ void linear(const LpLinear& lin, const float* x, int n_rows, float* y, vector<ui
     int k = lin.parts[0].w.k;
     bool any_packed = false;
     for (int p = 0; p < lin.n_parts; p++) any_packed |= lin.parts[p].dense == nullptr;
-    if (any_packed && !quantized) quantize(x, n_rows, k, acts);
+    if (any_packed && !quantized) quantize(lin, x, n_rows, k, acts);
     // Tasks: column chunks of every part, sized so each thread gets several (load balance) and
     // each chunk is a multiple of the kernel's column group, over blocks of rows, the blocks
     // outermost: the threads' chunks then read one block of x (from L3) at a time, not all of x

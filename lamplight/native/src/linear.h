@@ -28,8 +28,12 @@ void for_rows(int n_rows, F fn) {
 
 // Room for n_rows quantized rows of width k.
 uint8_t* acts_for(std::vector<uint8_t>& acts, int n_rows, int k);
-// Quantize row r of x [.., k] into its place in acts (sized by acts_for).
-void quantize_row(const float* x, int k, int r, uint8_t* acts);
+// The parts of an activation row (qmatmul.h's lp::ACTS_*) the linear's packed weights read; 0
+// when every part is dense.
+int acts_parts(const LpLinear& lin);
+// Quantize row r of x [.., k] into its place in acts (sized by acts_for): the parts `parts`
+// asks for (acts_parts of the linear that reads them).
+void quantize_row(const float* x, int k, int r, uint8_t* acts, int parts);
 
 // y [n_rows, lin.n_out] = x [n_rows, k] W^T (+ bias), columns split into tasks over the pool.
 // `quantized`: acts already holds x's quantized rows (the phase before wrote them row by row).

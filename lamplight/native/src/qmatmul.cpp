@@ -222,7 +222,8 @@ float quantize_span(const float* x, int n_blocks, int8_t* q, uint8_t* qu, int32_
     return tiny ? 0.0f : amax / 127.0f;
 }
 
-void quantize_row(const float* x, int k, uint8_t* out) {
+// Per block of 32: q, qu, d, s, s16, sum, sum16.
+void quantize_blocks(const float* x, int k, uint8_t* out) {
     const int nb = k / kActBlock;
     int8_t* q = reinterpret_cast<int8_t*>(out);
     uint8_t* qu = out + k;
@@ -241,7 +242,10 @@ void quantize_row(const float* x, int k, uint8_t* out) {
         s16[2 * b] = d[b] * float(half[0][0]);
         s16[2 * b + 1] = d[b] * float(half[0][1]);
     }
-    // Per super-block of 256 (whole ones only: the k-quants' k is a multiple of 256).
+}
+
+// Per super-block of 256 (whole ones only: the k-quants' k is a multiple of 256).
+void quantize_super(const float* x, int k, uint8_t* out) {
     uint8_t* super = out + block32_bytes(k);
     int8_t* kq = reinterpret_cast<int8_t*>(super);
     uint8_t* kqu = super + k;
@@ -263,6 +267,13 @@ void quantize_row(const float* x, int k, uint8_t* out) {
             kp32[b] = int16_t(halves[j][0] + halves[j][1]);
         }
     }
+}
+
+// The parts of the row `parts` asks for (lp::ACTS_BLOCKS, lp::ACTS_SUPER); the others' bytes are
+// left as they were (a weight never reads the part it does not take: lp::acts_parts).
+void quantize_row(const float* x, int k, uint8_t* out, int parts = lp::ACTS_ALL) {
+    if (parts & lp::ACTS_BLOCKS) quantize_blocks(x, k, out);
+    if (parts & lp::ACTS_SUPER) quantize_super(x, k, out);
     std::memset(out + acts_used_bytes(k), 0, acts_bytes(k) - acts_used_bytes(k));  // deterministic padding
 }
 
@@ -891,6 +902,15 @@ const char* qmatmul_refusal(const lp_qweight* w, int32_t n_rows, int32_t col_beg
 }  // namespace
 
 namespace lp {
+
+void quantize_rows(const float* x, int64_t ldx, int32_t k, int32_t n_rows, uint8_t* acts, int parts) {
+    const size_t row_bytes = acts_bytes(k);
+    for (int32_t r = 0; r < n_rows; ++r) quantize_row(x + r * ldx, k, acts + r * row_bytes, parts);
+}
+
+int acts_parts(const lp_qweight* w) {
+    return load_i32(w->data + LP_HEADER_FLAGS_OFFSET) & LP_FLAG_SUPER ? ACTS_SUPER : ACTS_BLOCKS;
+}
 
 void qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y, int64_t ldy, int32_t col_begin,
              int32_t col_end) {

@@ -76,6 +76,13 @@ const char* lp_isa(void);
 }
 
 namespace lp {
+/* The parts of a quantized activation row: per block of 32 (the block formats' tiles read them)
+and per super-block of 256 (the k-quants' with LP_FLAG_SUPER). lp_quantize_rows writes both. */
+enum { ACTS_BLOCKS = 1, ACTS_SUPER = 2, ACTS_ALL = 3 };
+/* lp_quantize_rows writing only `parts` of each row (the others' bytes left as they were). */
+void quantize_rows(const float* x, int64_t ldx, int32_t k, int32_t n_rows, uint8_t* acts, int parts);
+/* The part of an activation row the weight's tiles read. */
+int acts_parts(const lp_qweight* w);
 /* lp_qmatmul without its argument checks and exception guard, for the forward pass (its callers
 pass valid weights; an exception reaches the forward's own guard). */
 void qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y, int64_t ldy, int32_t col_begin,
