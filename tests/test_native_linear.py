@@ -1,9 +1,10 @@
-"""The native pieces the encoders use outside any model: their attention (src/encoder_attention.cpp,
-PyTorch's to float32 rounding, the same bits on every build and in any batch); one linear
-(lamplight.native.linear.NativeLinear, src/linear.cpp's lp_linear on the pool's threads), the bits
-of the single-threaded matmul of tests/test_native_kernels.py plus the bias, whatever rows come with
-a row, and a description the forward would refuse refused here too; and ggml's fp16 GELU table
-looked up in one pass (src/table.cpp), the bits of the PyTorch lookup on every build."""
+"""The native pieces the encoders use outside any model: their attention (src/encoder_attention.cpp)
+and residual layer norm (src/layer_norm.cpp), PyTorch's to float32 rounding, the same bits on every
+build and in any batch; one linear (lamplight.native.linear.NativeLinear, src/linear.cpp's lp_linear
+on the pool's threads), the bits of the single-threaded matmul of tests/test_native_kernels.py plus
+the bias, whatever rows come with a row, and a description the forward would refuse refused here
+too; and ggml's fp16 GELU table looked up in one pass (src/table.cpp), the bits of the PyTorch
+lookup on every build."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from test_native_kernels import bits, random_info
 
 from lamplight.models.activations import GELU_IDENTITY_FROM, fp16_gelu_table, gelu_tanh_fp16_table
 from lamplight.native import abi, build, runtime
-from lamplight.native.elementwise import attend_full, fp16_lookup
+from lamplight.native.elementwise import add_layer_norm, attend_full, fp16_lookup
 from lamplight.native.kernels import QKernels
 from lamplight.gguf.file import TensorInfo
 from lamplight.gguf.quant import dequantize as dequantize_info
@@ -165,6 +166,34 @@ def test_the_encoders_attention_is_pytorchs_and_the_same_bits_everywhere(n, head
         results.append(together)
     for other in results[1:]:
         np.testing.assert_array_equal(bits(other.numpy()), bits(results[0].numpy()))
+
+
+def test_the_encoders_residual_layer_norm_is_pytorchs_and_the_same_bits_everywhere():
+    """lp_add_layer_norm (src/layer_norm.cpp): LayerNorm(x + residual) * weight + bias as PyTorch
+    computes it (to float32 rounding), with or without a residual and a bias, into x's own rows;
+    the same bits on every build and for a row alone."""
+    g = torch.Generator().manual_seed(9)
+    x, residual = torch.randn(13, 200, generator=g) * 3, torch.randn(13, 200, generator=g)
+    weight, bias = torch.randn(200, generator=g), torch.randn(200, generator=g)
+    expected = F.layer_norm(x + residual, (200,), weight, bias, 1e-12)
+    results = []
+    for variant in build.runnable_variants():
+        lib = runtime.load_variant(variant)
+        lib.lp_set_threads(2)
+        together = add_layer_norm(lib, x, residual, weight, bias, 1e-12)
+        torch.testing.assert_close(together, expected, rtol=1e-5, atol=1e-5)
+        alone = add_layer_norm(lib, x[5:6].clone(), residual[5:6].clone(), weight, bias, 1e-12)
+        np.testing.assert_array_equal(bits(alone.numpy()), bits(together[5:6].numpy()))
+        in_place = x.clone()
+        assert add_layer_norm(lib, in_place, residual, weight, bias, 1e-12, out=in_place) is in_place
+        np.testing.assert_array_equal(bits(in_place.numpy()), bits(together.numpy()))
+        plain = add_layer_norm(lib, x, None, weight, None, 1e-5)
+        torch.testing.assert_close(plain, F.layer_norm(x, (200,), weight, None, 1e-5), rtol=1e-5, atol=1e-5)
+        results.append(together)
+    for other in results[1:]:
+        np.testing.assert_array_equal(bits(other.numpy()), bits(results[0].numpy()))
+    with pytest.raises(ValueError, match="do not match"):
+        add_layer_norm(lib, x, residual[:3], weight, bias, 1e-12)
 
 
 def test_the_encoders_attention_refuses_what_it_cannot_compute(lib):

@@ -11,8 +11,9 @@ With the native and fast backends, linears of quantized weights run on the nativ
 reading them as stored (six rows share each widened column: on an AVX-512 Zen 5, 7.2 s for a
 64-document rerank of a bge-reranker-base-shaped F16 file against 11.8 s on PyTorch's float32
 matmul, whose weights also take twice the memory); float32 ones, and every linear on the other
-backends, on PyTorch's float32 matmul. Their attention too runs natively with those backends
-(src/encoder_attention.cpp), else on PyTorch's scaled_dot_product_attention.
+backends, on PyTorch's float32 matmul. Their attention and residual layer norms too run natively
+with those backends (src/encoder_attention.cpp, src/layer_norm.cpp), else on PyTorch's
+scaled_dot_product_attention and layer_norm.
 
 Batch invariance: the native linears compute each row alone; the PyTorch ones pad their rows like
 the engine's batch-invariant kernels; attention runs over inputs of one length at a time with no
@@ -36,7 +37,7 @@ from ..models.activations import GELU_IDENTITY_FROM, fp16_gelu_table, gelu_tanh_
 from ..models.layers import Rotary
 from ..models.spec import WeightSource
 from ..native import abi, pack, runtime
-from ..native.elementwise import ATTEND_FULL_LANES, attend_full, fp16_lookup
+from ..native.elementwise import ATTEND_FULL_LANES, add_layer_norm, attend_full, fp16_lookup
 from ..native.linear import NativeLinear
 
 NATIVE_BACKENDS = ("native", "fast")
@@ -211,12 +212,19 @@ class Encoder:
         angles = self.rotary.angles(positions) if self.rotary is not None else None
         groups = _same_length_slices(lengths)
         for layer in self.layers:
-            x = layer.attn_norm(x + layer.wo(self._attention(layer, x, groups, angles)))
-            x = layer.ffn_norm(x + layer.ffn(x))
+            x = self._add_norm(layer.attn_norm, x, layer.wo(self._attention(layer, x, groups, angles)))
+            x = self._add_norm(layer.ffn_norm, x, layer.ffn(x))
         out: list[torch.Tensor] = [None] * len(inputs)  # type: ignore[list-item]
         for i, part in zip(order, x.split(lengths)):
             out[i] = part
         return out
+
+    def _add_norm(self, norm: LayerNorm, x: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+        """norm(x + branch): on the native threads in one pass, into the branch's rows (a fresh
+        tensor), with the native backends; else PyTorch's add and layer_norm."""
+        if self.lib is None or not branch.is_contiguous() or branch.dtype != torch.float32:
+            return norm(x + branch)
+        return add_layer_norm(self.lib, branch, x.contiguous(), norm.weight, norm.bias, norm.eps, out=branch)
 
     def _embed(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.token_embd[token_ids]

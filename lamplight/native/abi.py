@@ -304,6 +304,9 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.lp_attend_full.argtypes = [c_void_p, c_void_p, c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                    c_int32, c_int32, c_int32, c_int32, ctypes.c_float, c_void_p, ctypes.c_int64]
     lib.lp_attend_full.restype = c_int32
+    lib.lp_add_layer_norm.argtypes = [c_void_p, c_void_p, c_void_p, c_void_p, ctypes.c_float, ctypes.c_int64, c_int32,
+                                      c_void_p]
+    lib.lp_add_layer_norm.restype = c_int32
     lib.lp_model_scratch_bytes.argtypes = [c_void_p]
     lib.lp_model_scratch_bytes.restype = c_int64
     lib.lp_profile.argtypes = [c_int32, POINTER(ctypes.c_double)]

@@ -1,5 +1,5 @@
-"""Functions on the native library's threads outside any model: elementwise (src/table.cpp) and the
-encoders' attention (src/encoder_attention.cpp)."""
+"""Functions on the native library's threads outside any model: elementwise (src/table.cpp), and the
+encoders' attention (src/encoder_attention.cpp) and residual layer norm (src/layer_norm.cpp)."""
 
 from __future__ import annotations
 
@@ -51,4 +51,25 @@ def attend_full(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
                             rows // n_seqs, n_heads, width // n_heads, scale, out.data_ptr(), out.stride(0))
     if rc != abi.LP_OK:
         raise abi.error(lib, rc, "lp_attend_full")
+    return out
+
+
+def add_layer_norm(lib: ctypes.CDLL, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                   bias: torch.Tensor | None, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """LayerNorm(x + residual) over the last dimension, times weight, plus bias, as ggml's norm
+    computes it, row by row in one pass; into `out` (which may be x or residual) or a new tensor.
+    Every tensor contiguous float32."""
+    n = x.shape[-1]
+    tensors = [t for t in (x, residual, weight, bias, out) if t is not None]
+    if any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):
+        raise ValueError("add_layer_norm takes contiguous float32 tensors")
+    if (residual is not None and residual.shape != x.shape) or weight.shape != (n,) or \
+            (bias is not None and bias.shape != (n,)) or (out is not None and out.shape != x.shape):
+        raise ValueError(f"add_layer_norm: shapes {[tuple(t.shape) for t in tensors]} do not match rows of {n}")
+    if out is None:
+        out = torch.empty_like(x)
+    rc = lib.lp_add_layer_norm(x.data_ptr(), residual.data_ptr() if residual is not None else None, weight.data_ptr(),
+                               bias.data_ptr() if bias is not None else None, eps, x.numel() // n, n, out.data_ptr())
+    if rc != abi.LP_OK:
+        raise abi.error(lib, rc, "lp_add_layer_norm")
     return out

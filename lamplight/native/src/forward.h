@@ -213,6 +213,10 @@ alone: the same bits in any batch and on every build. */
 int32_t lp_attend_full(const float* q, const float* k, const float* v, int64_t ld_q, int64_t ld_k, int64_t ld_v,
                        int32_t n_seqs, int32_t n, int32_t n_heads, int32_t head_dim, float scale, float* out,
                        int64_t ld_out);
+/* out[r] = LayerNorm(x[r] + residual[r]) * weight + bias for n_rows rows of n values (residual and
+bias may be null; out may be x or residual), on the pool's threads (src/layer_norm.cpp). */
+int32_t lp_add_layer_norm(const float* x, const float* residual, const float* weight, const float* bias, float eps,
+                          int64_t n_rows, int32_t n, float* out);
 // Bytes of scratch the model's steps have grown so far (it grows with the largest step: the
 // rows of a step and the longest context attended to).
 int64_t lp_model_scratch_bytes(void* model);
