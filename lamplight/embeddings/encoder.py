@@ -249,7 +249,6 @@ class Encoder:
             out[start:end] = attn.transpose(1, 2).reshape(end - start, self.n_embd)
         return out
 
-
     def _native_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           groups: list[tuple[int, int, int]]) -> torch.Tensor:
         """The same on the native threads (src/encoder_attention.cpp): 1.4-1.7x PyTorch's, and no

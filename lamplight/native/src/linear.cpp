@@ -33,11 +33,10 @@ int64_t column_bytes(const LpLinearPart& part) {
     }
 }
 
-// Quantized activations for `n_rows` rows of x: the parts of each row the linear's packed
-// weights read (per 32 and/or per 256: a Q8_0 linear needs no super-blocks, a k-quant one no
-// blocks of 32; each is about half the work).
-void quantize(const LpLinear& lin, const float* x, int n_rows, int k, vector<uint8_t>& acts) {
-    const int parts = acts_parts(lin);
+// Quantized activations for `n_rows` rows of x: the `parts` of each row the linear's packed
+// weights read (acts_parts: per 32 and/or per 256; a Q8_0 linear needs no super-blocks, a
+// k-quant one no blocks of 32, each about half the work).
+void quantize(const float* x, int n_rows, int k, int parts, vector<uint8_t>& acts) {
     size_t row_bytes = lp_qacts_row_bytes(k);
     uint8_t* dst = grow(acts, row_bytes * (size_t)n_rows);
     const int64_t rows_per_task = 8;
@@ -168,8 +167,6 @@ void dot_tile16_rows(int rows, const float* x, const uint16_t* tile, int k, floa
     }
 }
 
-constexpr int kMaxTileRows = kWideTileRows;
-
 // The first rows (up to kWideTileRows of the `rows` at x) of one tile group (4 columns) into
 // out [rows][4]; returns how many.
 inline int row_tile(int format, int rows, const float* x, const uint16_t* tile, int k, float* out) {
@@ -190,7 +187,7 @@ void dense_half_tiles(const LpLinearPart& part, const float* x, int n_rows, floa
     for (int r = 0; r < n_rows;) {
         int done = 0;
         for (int c = begin; c < end; c += kTileCols) {
-            float out[kMaxTileRows * kTileCols];
+            float out[kWideTileRows * kTileCols];
             done = row_tile(part.w.format, n_rows - r, x + (int64_t)r * k, dense_tile(part, c / kTileCols), k, out);
             for (int i = 0; i < done; i++)
                 for (int j = 0; j < kTileCols && c + j < end; j++) y[(int64_t)(r + i) * ldy + c + j] = out[i * kTileCols + j];
@@ -310,9 +307,8 @@ void quantize_row(const float* x, int k, int r, uint8_t* acts, int parts) {
 void linear(const LpLinear& lin, const float* x, int n_rows, float* y, vector<uint8_t>& acts, bool quantized,
             const float* lora_scales) {
     int k = lin.parts[0].w.k;
-    bool any_packed = false;
-    for (int p = 0; p < lin.n_parts; p++) any_packed |= lin.parts[p].dense == nullptr;
-    if (any_packed && !quantized) quantize(lin, x, n_rows, k, acts);
+    const int parts = acts_parts(lin);  // 0: every part is dense
+    if (parts && !quantized) quantize(x, n_rows, k, parts, acts);
     // Tasks: column chunks of every part, sized so each thread gets several (load balance) and
     // each chunk is a multiple of the kernel's column group, over blocks of rows, the blocks
     // outermost: the threads' chunks then read one block of x (from L3) at a time, not all of x

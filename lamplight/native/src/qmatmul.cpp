@@ -271,7 +271,7 @@ void quantize_super(const float* x, int k, uint8_t* out) {
 
 // The parts of the row `parts` asks for (lp::ACTS_BLOCKS, lp::ACTS_SUPER); the others' bytes are
 // left as they were (a weight never reads the part it does not take: lp::acts_parts).
-void quantize_row(const float* x, int k, uint8_t* out, int parts = lp::ACTS_ALL) {
+void quantize_row(const float* x, int k, uint8_t* out, int parts) {
     if (parts & lp::ACTS_BLOCKS) quantize_blocks(x, k, out);
     if (parts & lp::ACTS_SUPER) quantize_super(x, k, out);
     std::memset(out + acts_used_bytes(k), 0, acts_bytes(k) - acts_used_bytes(k));  // deterministic padding
@@ -941,8 +941,7 @@ extern "C" {
 size_t lp_qacts_row_bytes(int32_t k) { return acts_bytes(k); }
 
 void lp_quantize_rows(const float* x, int64_t ldx, int32_t k, int32_t n_rows, uint8_t* acts) {
-    const size_t row_bytes = acts_bytes(k);
-    for (int32_t r = 0; r < n_rows; ++r) quantize_row(x + r * ldx, k, acts + r * row_bytes);
+    lp::quantize_rows(x, ldx, k, n_rows, acts, lp::ACTS_ALL);
 }
 
 int32_t lp_set_one_row_prefetch(int32_t on) {
