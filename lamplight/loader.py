@@ -43,6 +43,11 @@ class LoadedModel:
         """What computes the model (start-up log, /props)."""
         return self.runner.describe()
 
+    @property
+    def file_type(self) -> int | None:
+        """The GGUF's general.file_type (llama_ftype), as EmbeddingOnlyModel has it."""
+        return self.gguf.metadata.get("general.file_type")
+
 
 def load(
     spec: str | os.PathLike | None = None,

@@ -79,7 +79,7 @@ def test_an_encoder_cannot_generate_but_describes_itself(bert):
     # benchmark or a RAG tool counts its chunks' tokens there).
     props = httpx.get(f"{server.url}/props", timeout=30).json()
     assert props["default_generation_settings"]["n_ctx"] == 512 and props["total_slots"] == 1
-    assert props["bos_token"] == "[CLS]" and props["model_ftype"] == ftype_name(GGUFFile(path).metadata)
+    assert props["bos_token"] == "[CLS]" and props["model_ftype"] == ftype_name(GGUFFile(path).metadata.get("general.file_type"))
     embedder = load_embedder(path, backend="fast")
     tokens = httpx.post(f"{server.url}/tokenize", json={"content": "Hello, World!"}, timeout=30).json()["tokens"]
     assert tokens == embedder.tokenize("Hello, World!")[1:-1]  # without [CLS] and [SEP]: add_special false

@@ -12,9 +12,8 @@ _VOCAB_TYPES = {"llama": 1, "gpt2": 2, "bert": 3, "t5": 4, "rwkv": 5, "plamo2": 
 _K_QUANT_SIZES = {"S": "Small", "M": "Medium", "L": "Large"}
 
 
-def ftype_name(metadata: dict) -> str:
-    """llama_model_ftype_name(): "Q4_1", "Q4_K - Medium", "F16", "all F32"..."""
-    value = metadata.get("general.file_type")
+def ftype_name(value: int | None) -> str:
+    """llama_model_ftype_name() of a general.file_type: "Q4_1", "Q4_K - Medium", "F16", "all F32"..."""
     if value is None:
         return "unknown"
     try:
@@ -58,7 +57,7 @@ def model_meta(model: Any, n_ctx: int) -> dict:
         "n_embd": config.n_embd,
         "n_params": n_params(gguf),
         "size": tensor_bytes(gguf),
-        "ftype": ftype_name(gguf.metadata),
+        "ftype": ftype_name(model.file_type),
     }
 
 

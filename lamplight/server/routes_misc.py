@@ -75,8 +75,7 @@ def _model_props(state) -> dict:
     template, tokenizer = model.chat_template, model.tokenizer
     return {
         "model_alias": state.model_name,
-        "model_ftype": ftype_name(model.gguf.metadata if state.engine is not None
-                                  else {"general.file_type": model.file_type}),
+        "model_ftype": ftype_name(model.file_type),
         "model_path": str(model.path),
         "modalities": {"vision": state.media is not None, "video": False, "audio": False},
         "media_marker": state.media.marker if state.media is not None else media_marker(),
