@@ -8,6 +8,8 @@ in turn (A, B, A, B...); each server gets one untimed request first, and figures
 
 from __future__ import annotations
 
+from typing import Any, Awaitable, Callable
+
 from lamplight.bench.context import BenchContext, Target
 from lamplight.bench.report import ScenarioResult
 from lamplight.bench.scenarios import summary_row
@@ -24,21 +26,9 @@ async def run_embeddings(ctx: BenchContext) -> ScenarioResult:
     batches = [await _texts(ctx, cfg.embeddings_inputs, cfg.embeddings_input_tokens, f"embeddings/{repeat}")
                for repeat in range(cfg.embeddings_repeats)]
     warmup = await _texts(ctx, WARMUP_ITEMS, cfg.embeddings_input_tokens, "embeddings/warmup")
-    for target in ctx.targets:
-        await _embed(target, warmup)
-    ctx.progress.start("embeddings", len(batches) * len(ctx.targets))
-    for repeat, texts in enumerate(batches):
-        for target in ctx.targets:
-            record = await _embed(target, texts)
-            _add(ctx, scenario, record, repeat=repeat)
-    ctx.progress.finish()
     size = f"{cfg.embeddings_inputs} inputs of ~{cfg.embeddings_input_tokens} tokens a request"
-    scenario.rows = [
-        summary_row(scenario, ctx, f"inputs per second, {size}", "inputs/s", True, "items_per_s"),
-        summary_row(scenario, ctx, "input tokens per second", "tok/s", True, "tokens_per_s"),
-        summary_row(scenario, ctx, "latency of a request", "ms", False, "total_s", 1000),
-    ]
-    return scenario
+    return await _measure(ctx, scenario, _embed, warmup, batches,
+                          per_second=(f"inputs per second, {size}", "inputs/s"), tokens="input tokens")
 
 
 async def run_rerank(ctx: BenchContext) -> ScenarioResult:
@@ -51,17 +41,29 @@ async def run_rerank(ctx: BenchContext) -> ScenarioResult:
                  await _texts(ctx, cfg.rerank_documents, cfg.rerank_document_tokens, f"rerank/{repeat}"))
                 for repeat in range(cfg.rerank_repeats)]
     query, documents = requests[0]
-    for target in ctx.targets:
-        await _rerank(target, query, documents[:WARMUP_ITEMS])
-    ctx.progress.start("rerank", len(requests) * len(ctx.targets))
-    for repeat, (query, documents) in enumerate(requests):
-        for target in ctx.targets:
-            _add(ctx, scenario, await _rerank(target, query, documents), repeat=repeat)
-    ctx.progress.finish()
     size = f"{cfg.rerank_documents} documents of ~{cfg.rerank_document_tokens} tokens a request"
+    return await _measure(ctx, scenario, _rerank, (query, documents[:WARMUP_ITEMS]), requests,
+                          per_second=(f"documents per second, {size}", "docs/s"), tokens="pair tokens")
+
+
+async def _measure(ctx: BenchContext, scenario: ScenarioResult, send: Callable[[Target, Any], Awaitable[dict]],
+                   warmup: Any, requests: list, per_second: tuple[str, str], tokens: str) -> ScenarioResult:
+    """`send(target, request)` untimed with `warmup` to each server, then each request to every
+    server in turn; the rows: items a second (`per_second`: name and unit), tokens a second,
+    latency."""
+    for target in ctx.targets:
+        await send(target, warmup)
+    ctx.progress.start(scenario.name, len(requests) * len(ctx.targets))
+    for repeat, request in enumerate(requests):
+        for target in ctx.targets:
+            record = await send(target, request)
+            scenario.records.append({**record, "repeat": repeat})
+            ctx.progress.tick(failed=record["error"] is not None)
+    ctx.progress.finish()
+    name, unit = per_second
     scenario.rows = [
-        summary_row(scenario, ctx, f"documents per second, {size}", "docs/s", True, "items_per_s"),
-        summary_row(scenario, ctx, "pair tokens per second", "tok/s", True, "tokens_per_s"),
+        summary_row(scenario, ctx, name, unit, True, "items_per_s"),
+        summary_row(scenario, ctx, f"{tokens} per second", "tok/s", True, "tokens_per_s"),
         summary_row(scenario, ctx, "latency of a request", "ms", False, "total_s", 1000),
     ]
     return scenario
@@ -82,8 +84,10 @@ async def _embed(target: Target, texts: list[str]) -> dict:
     return _record(target, answer, len(texts), error)
 
 
-async def _rerank(target: Target, query: str, documents: list[str]) -> dict:
-    """One /v1/rerank request scoring every document; an answer missing one is an error."""
+async def _rerank(target: Target, request: tuple[str, list[str]]) -> dict:
+    """One /v1/rerank request (query, documents) scoring every document; an answer missing one is
+    an error."""
+    query, documents = request
     answer = await target.client.post_timed("/v1/rerank", {"query": query, "documents": documents,
                                                            "top_n": len(documents)})
     error = answer.error
@@ -113,11 +117,6 @@ def _record(target: Target, answer, items: int, error: str | None) -> dict:
         "error": error,
         "short": False,
     }
-
-
-def _add(ctx: BenchContext, scenario: ScenarioResult, record: dict, **tags) -> None:
-    scenario.records.append({**record, **tags})
-    ctx.progress.tick(failed=record["error"] is not None)
 
 
 RETRIEVAL_SCENARIOS = {
