@@ -97,7 +97,7 @@ def test_every_type_writes_and_loads(small_files, file_type):
 def test_dequantized_weights_have_a_trained_spread(small_files, ascii_rows, file_type):
     written = GGUFFile(small_files[file_type])
     for name, info in written.tensors.items():
-        values = dequantize(info)
+        values = torch.from_numpy(dequantize(info))
         if name == "rope_freqs.weight":
             continue
         if info.qtype == Q.F32:  # norms
@@ -120,7 +120,7 @@ def test_greedy_output_is_ascii(small_model):
 def test_head_rows_leave_only_ascii_to_pick(small_model, ascii_rows):
     """For any final hidden state the argmax is an ASCII token: the head's other rows are
     shrunk. Without the shrink, random states do pick non-ASCII tokens (so the check has teeth)."""
-    head = dequantize(small_model.gguf.tensors["token_embd.weight"])
+    head = torch.from_numpy(dequantize(small_model.gguf.tensors["token_embd.weight"]))
     hidden = torch.randn(2000, head.shape[1], generator=torch.Generator().manual_seed(0))
     assert ascii_rows[(hidden @ head.T).argmax(-1)].all()
     unshrunk = torch.where(ascii_rows[:, None], head, head / HEAD_SHRINK)

@@ -68,7 +68,7 @@ def test_pack_is_exact_on_random_blocks(qtype):
     info = random_info(qtype, 37, 512)  # 37 columns: a padded last group
     packed = pack(info)
     assert packed.format == FORMAT_OF[qtype] and packed.data.ctypes.data % 64 == 0
-    np.testing.assert_array_equal(bits(dequantize_packed(packed)), bits(dequantize(info).numpy()))
+    np.testing.assert_array_equal(bits(dequantize_packed(packed)), bits(dequantize(info)))
 
 
 @pytest.mark.parametrize("model, names", [
@@ -80,7 +80,7 @@ def test_pack_is_exact_on_real_weights(model, names, request):
     gguf = GGUFFile(request.getfixturevalue(model))
     for name in names:
         info = gguf.tensors[name]
-        np.testing.assert_array_equal(bits(dequantize_packed(pack(info))), bits(dequantize(info).numpy()), err_msg=name)
+        np.testing.assert_array_equal(bits(dequantize_packed(pack(info))), bits(dequantize(info)), err_msg=name)
 
 
 def test_pack_rows_concatenates_along_n():
@@ -89,7 +89,7 @@ def test_pack_rows_concatenates_along_n():
     assert same.format == W8_32 and same.n == 64
     mixed = pack_rows([q5_0, q8_0, q6_k])  # 32-blocks join 16-blocks exactly
     assert mixed.format == W8 and mixed.n == 80
-    reference = torch.cat([dequantize(i) for i in (q5_0, q8_0, q6_k)]).numpy()
+    reference = np.concatenate([dequantize(i) for i in (q5_0, q8_0, q6_k)])
     np.testing.assert_array_equal(bits(dequantize_packed(mixed)), bits(reference))
     np.testing.assert_array_equal(bits(dequantize_packed(same)), bits(reference[:64]))
 
@@ -153,7 +153,7 @@ def test_pack_rows_keeps_super_scales_only_when_every_part_has_them():
     assert not flags_of(with_q8_0) & FLAG_SUPER
     for packed, parts in ((mixed_blocks, (q6_k, q5_k)), (with_q8_0, (q6_k, q8_0))):
         # Equal values; Q6_K's zero weights may turn +0 beside Q5_K's mins (d q + 0).
-        np.testing.assert_array_equal(dequantize_packed(packed), torch.cat([dequantize(i) for i in parts]).numpy())
+        np.testing.assert_array_equal(dequantize_packed(packed), np.concatenate([dequantize(i) for i in parts]))
 
 
 def test_pack_rows_joins_q4_0_with_mins_and_refuses_4_with_8_bits():
@@ -161,7 +161,7 @@ def test_pack_rows_joins_q4_0_with_mins_and_refuses_4_with_8_bits():
     joined = pack_rows([q4_0, q4_1])
     assert joined.format == W4
     # Equal values; a zero weight may change sign (d q - 8 d instead of d (q - 8)).
-    np.testing.assert_array_equal(dequantize_packed(joined), torch.cat([dequantize(q4_0), dequantize(q4_1)]).numpy())
+    np.testing.assert_array_equal(dequantize_packed(joined), np.concatenate([dequantize(q4_0), dequantize(q4_1)]))
     with pytest.raises(ValueError):
         pack_rows([q4_1, random_info(Q.Q8_0, 16, 256)])
 
@@ -293,7 +293,7 @@ def test_real_layer_accuracy(kernels, smollm2_path):
     gguf = GGUFFile(smollm2_path)
     infos = [gguf.tensors[f"blk.2.{name}.weight"] for name in ("ffn_gate", "ffn_up")]
     packed = pack_rows(infos)
-    w = torch.cat([dequantize(i) for i in infos])
+    w = torch.from_numpy(np.concatenate([dequantize(i) for i in infos]))
     x = torch.randn(8, 576)
     exact = x.double() @ w.double().T
     for variant, k in kernels.items():

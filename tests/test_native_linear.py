@@ -139,7 +139,7 @@ def test_half_precision_linears_give_the_float32_dots_bits_whatever_the_rows(var
     np.testing.assert_array_equal(bits(y.numpy()), bits(wide(x).numpy()))
     for rows in (slice(0, 1), slice(44, 45), slice(3, 10), slice(1, 25), slice(6, 45)):
         np.testing.assert_array_equal(bits(half(x[rows]).numpy()), bits(y[rows].numpy()))
-    dequantized = dequantize_info(info)
+    dequantized = torch.from_numpy(dequantize_info(info))
     torch.testing.assert_close(y, x @ dequantized.T + bias, rtol=1e-5, atol=1e-5)
 
 

@@ -179,7 +179,7 @@ def _rewrite(src, dst, drop: str | None = None, set_keys: dict | None = None):
             writer.add_array(key, [float(v) for v in value])
     for name, info in gguf.tensors.items():
         if name != drop:
-            writer.add_tensor(name, dequantize(info).numpy())
+            writer.add_tensor(name, dequantize(info))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -154,7 +154,7 @@ def _pad_reference_rows(model: torch.nn.Module) -> None:
     a row's sums do not depend on how many rows share the step."""
     for module in model.modules():
         if isinstance(module, QuantLinear):
-            module.kernel = DenseKernel(dequantize(module.info), torch.float32, BATCH_INVARIANT_ROWS)
+            module.kernel = DenseKernel(torch.from_numpy(dequantize(module.info)), torch.float32, BATCH_INVARIANT_ROWS)
 
 
 def bidirectional_groups(chunks: Sequence[SequenceChunk], windows: Sequence[int]) -> list[AttentionGroup]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as _gguf_dequantize
 
@@ -28,8 +27,9 @@ def check_supported(info: TensorInfo) -> None:
         raise GGUFError(f"tensor {info.name} has type {info.qtype.name}, which lamplight cannot load (supported: {names})")
 
 
-def dequantize(info: TensorInfo) -> torch.Tensor:
-    """The tensor as a float32 torch tensor of its logical shape (one copy, no intermediate list)."""
+def dequantize(info: TensorInfo) -> np.ndarray:
+    """The tensor as a float32 array of its logical shape (one copy, no intermediate list).
+    PyTorch callers wrap it with torch.from_numpy (no copy)."""
     check_supported(info)
     if info.qtype == Q.F32:
         values = info.data.view(np.float32).copy()  # the mmap is read-only
@@ -37,10 +37,10 @@ def dequantize(info: TensorInfo) -> torch.Tensor:
         values = info.data.view(np.float16).astype(np.float32)
     else:
         values = _dequantize_blocks(info.data, info.qtype)
-    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32).reshape(info.shape))
+    return np.ascontiguousarray(values, dtype=np.float32).reshape(info.shape)
 
 
-def dequantize_rows(info: TensorInfo, rows: np.ndarray) -> torch.Tensor:
+def dequantize_rows(info: TensorInfo, rows: np.ndarray) -> np.ndarray:
     """Rows `rows` of a 2-D tensor as float32 [len(rows), columns], reading only their blocks
     (an embedding lookup without a float32 copy of the whole table)."""
     check_supported(info)
@@ -51,7 +51,7 @@ def dequantize_rows(info: TensorInfo, rows: np.ndarray) -> torch.Tensor:
         values = raw.view(np.float16).astype(np.float32)
     else:
         values = _dequantize_blocks(raw, info.qtype)
-    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32).reshape(len(rows), info.shape[1]))
+    return np.ascontiguousarray(values, dtype=np.float32).reshape(len(rows), info.shape[1])
 
 
 def _dequantize_blocks(raw: np.ndarray, qtype: Q) -> np.ndarray:

@@ -188,7 +188,7 @@ class PerLayerEmbedding(nn.Module):
         self.size, self.n_layers, self.n_embd = spec.size, cfg.n_layers, cfg.n_embd
 
     def forward(self, token_ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        rows = dequantize_rows(self.table, token_ids.cpu().numpy()).to(x.device)
+        rows = torch.from_numpy(dequantize_rows(self.table, token_ids.cpu().numpy())).to(x.device)
         embedded = rows.view(-1, self.n_layers, self.size) * self.size**0.5
         projected = self.proj_norm((self.model_proj(x) * self.n_embd**-0.5).view(-1, self.n_layers, self.size))
         return (projected + embedded) * 2**-0.5
@@ -239,7 +239,7 @@ class Decoder(nn.Module):
         table is the biggest float32 copy there is)."""
         table = self._buffers.get("_token_embd")
         if table is None:
-            table = dequantize(self.token_embd_info)
+            table = torch.from_numpy(dequantize(self.token_embd_info))
             self.register_buffer("_token_embd", table, persistent=False)
         return table
 

@@ -44,7 +44,7 @@ class QuantLinear(nn.Module):
         if self._kernel is None:
             # Rows padded like the fast path's float32 kernels: a row's result does not depend
             # on how many rows share the step (MKL sums 1-3 row remainders another way).
-            self._kernel = DenseKernel(dequantize(self.info), torch.float32, BATCH_INVARIANT_ROWS)
+            self._kernel = DenseKernel(torch.from_numpy(dequantize(self.info)), torch.float32, BATCH_INVARIANT_ROWS)
         return self._kernel
 
     @kernel.setter
@@ -56,7 +56,7 @@ class QuantLinear(nn.Module):
         """The float32 weight (dequantized again if the kernel does not hold it)."""
         if isinstance(self._kernel, DenseKernel) and self._kernel.dtype == torch.float32:
             return self._kernel.weight
-        return dequantize(self.info)
+        return torch.from_numpy(dequantize(self.info))
 
     def add_lora(self, index: int, a: torch.Tensor, b: torch.Tensor, factor: float, scales) -> None:
         self.loras.append((index, a, b, factor))

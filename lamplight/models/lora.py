@@ -53,7 +53,7 @@ def load_lora(path: str | os.PathLike, architecture: str) -> LoraAdapter:
         base, _, kind = name.rpartition(".")
         if kind not in ("lora_a", "lora_b"):
             raise GGUFError(f"{gguf.path}: unexpected tensor {name} in a LoRA adapter")
-        pairs.setdefault(base, {})[kind] = dequantize(info)
+        pairs.setdefault(base, {})[kind] = torch.from_numpy(dequantize(info))
     weights = {}
     for base, pair in pairs.items():
         if set(pair) != {"lora_a", "lora_b"}:

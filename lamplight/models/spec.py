@@ -272,7 +272,7 @@ class WeightSource:
         return info
 
     def dense(self, name: str) -> torch.Tensor:
-        return dequantize(self.info(name))
+        return torch.from_numpy(dequantize(self.info(name)))
 
     def optional_dense(self, name: str) -> torch.Tensor | None:
         """A norm, bias or other small tensor that only some files (or architectures) have."""
@@ -297,7 +297,7 @@ class WeightSource:
         if squeeze(info.shape) != squeeze(shape):
             raise GGUFError(f"{self.gguf.path}: tensor {name} has shape {_ne(info.shape)}, "
                             f"the file's keys need {_ne(shape)}")
-        return dequantize(info).reshape(shape)
+        return torch.from_numpy(dequantize(info).reshape(shape))
 
 
 def _ne(shape) -> list[int]:

@@ -92,11 +92,11 @@ def build_methods(gguf: GGUFFile, variants: list[str], n_layers: int, libs: dict
             parts = [unpack_int4(info) for info in infos]
             q, scale, zero = (torch.cat([p[j] for p in parts]) for j in range(3))
             int4.append((q.shape[1], Int4CpuKernel(q, scale, zero)._int4))
-            weight = torch.cat([dequantize(info) for info in infos])
+            weight = torch.cat([torch.from_numpy(dequantize(info)) for info in infos])
             dense.append((weight.shape[1], lambda x, w=weight: F.linear(x, w)))
     layers["int4pack (bf16)"] = Torch(int4)
     layers["F.linear f32"] = Torch(dense)
-    head_w = dequantize(head_info)
+    head_w = torch.from_numpy(dequantize(head_info))
     heads["int8pack (bf16)"] = Torch([(head_w.shape[1], Int8CpuKernel(head_w))])
     heads["F.linear f32"] = Torch([(head_w.shape[1], lambda x: F.linear(x, head_w))])
     return layers, heads

@@ -71,7 +71,7 @@ def _dense(infos: list) -> tuple[int, torch.Tensor | np.ndarray]:
         fmt, dtype = kinds.pop()
         values = np.concatenate([i.data.view(dtype).reshape(i.shape) for i in infos])
         return fmt, _dense_tiles(values)
-    return abi.DENSE_F32, torch.cat([dequantize(i) for i in infos])
+    return abi.DENSE_F32, np.concatenate([dequantize(i) for i in infos])
 
 
 def _dense_tiles(values: np.ndarray) -> np.ndarray:

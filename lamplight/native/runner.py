@@ -322,7 +322,7 @@ class NativeRunner(ModelRunner):
         return self._kv_desc[1]
 
     def embeddings(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return dequantize_rows(self.spec.token_embd, token_ids.numpy())
+        return torch.from_numpy(dequantize_rows(self.spec.token_embd, token_ids.numpy()))
 
     def run_batch(self, batch: ForwardBatch, state: ModelState) -> torch.Tensor:
         logit_rows = batch.logit_rows.contiguous()
@@ -358,7 +358,7 @@ class NativeRunner(ModelRunner):
                 or (key_ends is not None and (key_ends.dtype != torch.int64 or key_ends.numel() != n_rows))):
             raise ValueError("native forward: the batch's arrays are not int64 [rows] (embeddings float32 [rows, n_embd])")
         ple = self.spec.per_layer_inputs
-        per_layer_rows = None if ple is None else dequantize_rows(ple.token_embd, batch.token_ids.numpy()).contiguous()
+        per_layer_rows = None if ple is None else dequantize_rows(ple.token_embd, batch.token_ids.numpy())
         out = torch.empty(logit_rows.numel(), width)
         scales = np.asarray(self.lora_scales.scales, dtype=np.float32) if self._has_loras and loras else None
         b = abi.Batch(n_rows=n_rows, n_logits=logit_rows.numel(), n_key_slots=key_slots.size,

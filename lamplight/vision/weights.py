@@ -36,7 +36,7 @@ class WeightReader:
             want = "x".join("?" if d == -1 else str(d) for d in shape)
             raise GGUFError(f"{self.gguf.path}: tensor {name} has shape {'x'.join(map(str, info.shape))}, "
                             f"expected {want}")
-        tensor = dequantize(info)
+        tensor = torch.from_numpy(dequantize(info))
         self.loaded_bytes += tensor.numel() * tensor.element_size()
         return tensor
 
