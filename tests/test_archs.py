@@ -32,6 +32,7 @@ from lamplight.gguf.file import GGUFError, GGUFFile
 from lamplight.gguf.quant import dequantize_mxfp4
 from lamplight.models import ARCHITECTURES, define_model
 from lamplight.models.layers import Rotary
+from lamplight.models.rope import RopeTables
 from lamplight.models.rope_scaling import RopeScaling, yarn_corr_dims
 from lamplight.runner import greedy, score
 
@@ -288,6 +289,29 @@ def test_yarn_rope_hand_computed():
     cos, sin, _ = rope.angles(torch.tensor([3]))
     torch.testing.assert_close(cos[0, 0], torch.tensor([mscale * math.cos(t) for t in theta]))
     torch.testing.assert_close(sin[0, 0], torch.tensor([mscale * math.sin(t) for t in theta]))
+
+
+def test_rope_tables_match_torch_float64_angles():
+    """The numpy tables (lamplight.models.rope) against the angles computed in torch's float64,
+    as the tables were before: the same float32 values but for a few in a million (numpy's and
+    torch's float64 pow, cos and sin differ in rare last bits), those one float32 ulp apart. A
+    long YaRN rope with frequency factors; the native forward's tables with the magnitude folded
+    in are the float32 products PyTorch's `cos * magnitude` gives."""
+    n_rot, base, max_pos, n_ctx_orig = 128, 500000.0, 32768, 8192
+    factors = np.linspace(1.0, 8.0, n_rot // 2, dtype=np.float32)
+    scaling = RopeScaling("yarn", freq_scale=0.25, n_ctx_orig=n_ctx_orig, ext_factor=1.0)
+    tables = RopeTables.compute(n_rot, base, max_pos, factors, scaling)
+    inv = 1.0 / (base ** (torch.arange(0, n_rot, 2, dtype=torch.float64) / n_rot)) / torch.from_numpy(factors).double()
+    low, high = yarn_corr_dims(n_rot, n_ctx_orig, base, 32.0, 1.0)
+    ramp = 1 - ((torch.arange(n_rot // 2, dtype=torch.float64) - low) / max(0.001, high - low)).clamp(0, 1)
+    angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * (inv * 0.25 * (1 - ramp) + inv * ramp)[None]
+    for ours, theirs in ((tables.cos, angles.cos().float().numpy()), (tables.sin, angles.sin().float().numpy())):
+        assert ours.dtype == np.float32 and ours.shape == (max_pos, n_rot // 2)
+        assert np.count_nonzero(ours != theirs) <= 1e-5 * ours.size
+        assert (np.abs(ours - theirs) <= np.spacing(np.abs(theirs))).all()
+    assert tables.magnitude == pytest.approx(1 + 0.1 * math.log(4.0))
+    for ours, unit in zip(tables.scaled(), (tables.cos, tables.sin)):
+        assert np.array_equal(ours, (torch.from_numpy(unit) * tables.magnitude).numpy())
 
 
 # -- rope scaling, read by every architecture -------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -14,6 +15,7 @@ from ..kernels.linear import BATCH_INVARIANT_ROWS, DenseKernel
 from ..state.kv import KVPool
 from .activations import ACTIVATIONS, aligned
 from .batch import ForwardBatch, padded_query_rows
+from .rope import RopeTables
 from .rope_scaling import RopeScaling
 from .spec import FeedForwardSpec, LinearSpec, RopeSpec
 
@@ -133,32 +135,20 @@ class Rotary(nn.Module):
     halves (x_i, x_{i+d/2}). Only the first `n_rot` dimensions rotate.
     """
 
-    def __init__(self, n_rot: int, base: float, max_pos: int, neox: bool, freq_factors: torch.Tensor | None = None,
+    def __init__(self, n_rot: int, base: float, max_pos: int, neox: bool, freq_factors: np.ndarray | None = None,
                  scaling: RopeScaling | None = None):
         super().__init__()
         self.n_rot = n_rot
         self.neox = neox
-        inv_freq = 1.0 / (base ** (torch.arange(0, n_rot, 2, dtype=torch.float64) / n_rot))
-        if freq_factors is not None:
-            inv_freq = inv_freq / freq_factors.to(torch.float64)
-        # Scaled ropes (YaRN, linear) change the frequencies and the rotated dims' magnitude; the
-        # tables stay unit rotations so that rotate_by (context shift) composes angles only.
-        scaling = scaling or RopeScaling()
-        inv_freq = scaling.inverse_frequencies(inv_freq, n_rot, base)
-        self.magnitude = scaling.magnitude()
-        angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        # Unit rotations (rotate_by composes their angles); a scaled rope's magnitude is applied per step.
+        tables = RopeTables.compute(n_rot, base, max_pos, freq_factors, scaling)
+        self.magnitude = tables.magnitude
+        self.register_buffer("cos", torch.from_numpy(tables.cos), persistent=False)
+        self.register_buffer("sin", torch.from_numpy(tables.sin), persistent=False)
 
     @classmethod
     def from_spec(cls, rope: RopeSpec) -> "Rotary":
         return cls(rope.n_rot, rope.base, rope.max_pos, rope.neox, rope.freq_factors, rope.scaling)
-
-    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [max_pos, n_rot / 2] with the scaling's magnitude folded in."""
-        if self.magnitude == 1.0:
-            return self.cos, self.sin
-        return self.cos * self.magnitude, self.sin * self.magnitude
 
     def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """cos, sin and cos + i sin at `positions`, shaped to broadcast over heads: computed once

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-import torch
+import numpy as np
 
 from ..gguf.file import GGUFError, GGUFFile
 
@@ -55,7 +55,7 @@ class RopeScaling:
             return self.attn_factor * (1.0 + 0.1 * math.log(1.0 / self.freq_scale))
         return self.attn_factor
 
-    def inverse_frequencies(self, inv_freq: torch.Tensor, n_rot: int, base: float) -> torch.Tensor:
+    def inverse_frequencies(self, inv_freq: np.ndarray, n_rot: int, base: float) -> np.ndarray:
         """Scale the plain per-pair inverse frequencies `inv_freq` (float64, n_rot / 2)."""
         if self.kind == "none":
             return inv_freq
@@ -77,12 +77,12 @@ def yarn_corr_dims(n_rot: int, n_ctx_orig: int, base: float, beta_fast: float, b
     return float(max(0, start)), float(min(n_rot - 1, end))
 
 
-def yarn_ramp(n_rot: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float) -> torch.Tensor:
-    """rope_yarn_ramp per rotary pair: 1 keeps the pair's frequency, 0 interpolates it."""
+def yarn_ramp(n_rot: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float) -> np.ndarray:
+    """rope_yarn_ramp per rotary pair (float64): 1 keeps the pair's frequency, 0 interpolates it."""
     low, high = yarn_corr_dims(n_rot, n_ctx_orig, base, beta_fast, beta_slow)
-    pair = torch.arange(n_rot // 2, dtype=torch.float64)
+    pair = np.arange(n_rot // 2, dtype=np.float64)
     y = (pair - low) / max(0.001, high - low)
-    return 1 - y.clamp(0, 1)
+    return 1 - np.clip(y, 0, 1)
 
 
 def read_rope_scaling(gguf: GGUFFile, n_ctx_train: int, yarn_log_multiplier: bool = True) -> RopeScaling:

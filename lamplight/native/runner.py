@@ -23,6 +23,7 @@ from ..models.batch import ForwardBatch
 from ..models.layers import Rotary, shift_kv
 from ..models.lora import LoraAdapter, LoraScales, check_adapters
 from ..models.recurrent import advance_states
+from ..models.rope import RopeTables
 from ..models.spec import (DecoderSpec, DeltaNetSpec, ExpertsSpec, FeedForwardSpec, LayerSpec, Mamba2Spec, RecurrentSpec,
                            ShortConvSpec)
 from ..runner.base import ModelRunner
@@ -59,7 +60,8 @@ class NativeRunner(ModelRunner):
         _check_supported(spec)
         self.lib = lib
         self.packed = packed
-        self.ropes = [Rotary.from_spec(r) for r in spec.ropes]
+        self.ropes = [RopeTables.compute(r.n_rot, r.base, r.max_pos, r.freq_factors, r.scaling) for r in spec.ropes]
+        self._rotaries = None  # the ropes as PyTorch modules, made for the first context shift
         self._adapters: list[LoraAdapter] = []
         self._packed: dict[tuple[str, ...], list] = {}  # packed parts by weight names (kept across rebuilds)
         self._kv_desc: tuple[KVPool, abi.KV] | None = None  # (the pool, its description)
@@ -113,8 +115,10 @@ class NativeRunner(ModelRunner):
         return self.lib.lp_model_scratch_bytes(self.handle)
 
     def shift_kv(self, state: ModelState, src: torch.Tensor, dst: torch.Tensor, delta: int) -> None:
+        if self._rotaries is None:
+            self._rotaries = [Rotary.from_spec(r) for r in self.spec.ropes]
         owners = [layer.attn for layer in self.spec.layers if layer.attn is not None and layer.attn.owns_kv]
-        shift_kv(state.kv, [None if a.rope is None else self.ropes[a.rope] for a in owners], src, dst, delta)
+        shift_kv(state.kv, [None if a.rope is None else self._rotaries[a.rope] for a in owners], src, dst, delta)
 
     def __del__(self):
         handle = getattr(self, "handle", None)
@@ -186,11 +190,11 @@ class NativeRunner(ModelRunner):
         if opts.query_temperature is not None:
             t = opts.query_temperature
             c.qtemp_scale, c.qtemp_length, c.qtemp_offset = t.scale, float(t.length), t.offset
-        first = self.ropes[0]
-        c.n_rot, c.rope_neox, c.rope_max_pos = first.n_rot, int(first.neox), first.cos.shape[0]
-        for i, rope in enumerate(self.ropes):
+        first = spec.ropes[0]
+        c.n_rot, c.rope_neox, c.rope_max_pos = first.n_rot, int(first.neox), first.max_pos
+        for i, tables in enumerate(self.ropes):
             # A scaling's magnitude (YaRN) scales the rotated values: folded into the tables.
-            c.rope_cos[i], c.rope_sin[i] = (self._hold(t) for t in rope.tables())
+            c.rope_cos[i], c.rope_sin[i] = (self._hold(t) for t in tables.scaled())
         c.output_norm = self._hold(spec.output_norm)
         if spec.per_layer_inputs is not None:
             ple, pe = spec.per_layer_inputs, abi.PerLayerEmbedding()
@@ -244,8 +248,9 @@ class NativeRunner(ModelRunner):
             layer.n_kv_heads, layer.head_dim = heads.n_kv_heads, heads.head_dim_k
         if isinstance(spec.ffn, FeedForwardSpec) and spec.ffn.down.in_features != cfg.n_ff:
             layer.n_ff = spec.ffn.down.in_features
-        if attn.rope is not None and self.ropes[attn.rope].n_rot != self.ropes[0].n_rot:
-            layer.n_rot = self.ropes[attn.rope].n_rot
+        ropes = self.spec.ropes
+        if attn.rope is not None and ropes[attn.rope].n_rot != ropes[0].n_rot:
+            layer.n_rot = ropes[attn.rope].n_rot
         layer.kv_flags = ((0 if attn.owns_kv else abi.LP_KV_SHARED) | (abi.LP_V_FROM_K if attn.value_from_key else 0)
                           | (abi.LP_V_NORM if attn.value_norm else 0))
 
