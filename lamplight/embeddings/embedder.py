@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..gguf.file import GGUFError, GGUFFile
-from ..models.spec import WeightSource
+from ..models.torch_spec import TorchWeightSource
 from ..tokenizer import Tokenizer
 from .decoders import BACKENDS, DecoderBody, ServedRunner
 from .encoder import ENCODER_ARCHITECTURES, Encoder
@@ -37,7 +37,7 @@ class RankHead:
     """The classifier a rerank model scores with: BERT's (cls.weight + tanh, then cls.output;
     the score is output 0, raw) or a decoder's yes/no rows (the score is softmax(...)[0], P(yes))."""
 
-    def __init__(self, w: WeightSource, softmax: bool):
+    def __init__(self, w: TorchWeightSource, softmax: bool):
         self.dense = w.optional_dense("cls.weight")
         self.dense_bias = w.optional_dense("cls.bias")
         self.out = w.dense("cls.output.weight")
@@ -98,7 +98,7 @@ class Embedder:
         # On a served runner a step holds up generation: steps of one micro-batch (llama-server's).
         self.step_tokens = n_ubatch if self.body.shared else STEP_TOKENS
         self.pooling = _pooling(gguf, pooling)
-        w = WeightSource(gguf)
+        w = TorchWeightSource(gguf)
         self.rank_head = RankHead(w, softmax=self.body.causal) if w.has("cls.output.weight") else None
         if self.pooling is Pooling.RANK and self.rank_head is None:
             raise GGUFError(f"{gguf.path}: pooling rank needs a classification head (cls.output.weight), the file has none")

@@ -35,7 +35,7 @@ from ..heap import keep_freed_buffers
 from ..kernels.linear import BATCH_INVARIANT_ROWS, DenseKernel
 from ..models.activations import GELU_IDENTITY_FROM, fp16_gelu_table, gelu_tanh_fp16_table
 from ..models.layers import Rotary
-from ..models.spec import WeightSource
+from ..models.torch_spec import TorchWeightSource
 from ..native import abi, pack, runtime
 from ..native.elementwise import ATTEND_FULL_LANES, add_layer_norm, attend_full, fp16_lookup
 from ..native.linear import NativeLinear
@@ -49,7 +49,7 @@ class Linear:
     """Weights reading one input, outputs side by side (fused Q/K/V), and their optional biases,
     computed with the batch-invariant float32 kernel."""
 
-    def __init__(self, w: WeightSource, names: Sequence[str], biases: Sequence[str | None]):
+    def __init__(self, w: TorchWeightSource, names: Sequence[str], biases: Sequence[str | None]):
         self.kernel = DenseKernel(torch.cat([w.dense(name) for name in names]), torch.float32, BATCH_INVARIANT_ROWS)
         self.bias = _joint_bias(w, names, biases)
 
@@ -72,7 +72,7 @@ class LayerNorm:
         return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
 
 
-def _joint_bias(w: WeightSource, names: Sequence[str], biases: Sequence[str | None]) -> torch.Tensor | None:
+def _joint_bias(w: TorchWeightSource, names: Sequence[str], biases: Sequence[str | None]) -> torch.Tensor | None:
     """The weights' biases side by side (zeros for a weight without one), or None if none has one."""
     parts = [w.optional_dense(b) if b else None for b in biases]
     if all(p is None for p in parts):
@@ -90,7 +90,7 @@ class _NativeLinears:
         self.native: set[str] = set()
         self.other: set[str] = set()
 
-    def __call__(self, w: WeightSource, names: Sequence[str], biases: Sequence[str | None]) -> Linear | NativeLinear:
+    def __call__(self, w: TorchWeightSource, names: Sequence[str], biases: Sequence[str | None]) -> Linear | NativeLinear:
         infos = [w.info(n) for n in names]
         types = {i.qtype.name for i in infos}
         if all(pack.can_pack(i.qtype) or _widened_natively(i) for i in infos):
@@ -116,7 +116,7 @@ def _widened_natively(info) -> bool:
     return info.qtype in (GGMLQuantizationType.F16, GGMLQuantizationType.BF16) and info.shape[1] % abi.DENSE_TILE_K == 0
 
 
-def _layer_norm(w: WeightSource, name: str, eps: float) -> LayerNorm:
+def _layer_norm(w: TorchWeightSource, name: str, eps: float) -> LayerNorm:
     return LayerNorm(w.dense(name + ".weight"), w.optional_dense(name + ".bias"), eps)
 
 
@@ -133,7 +133,7 @@ def _native_gelu(lib) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 class EncoderLayer:
-    def __init__(self, w: WeightSource, i: int, n_embd: int, eps: float, linear=Linear, gelu=_gelu):
+    def __init__(self, w: TorchWeightSource, i: int, n_embd: int, eps: float, linear=Linear, gelu=_gelu):
         p = f"blk.{i}."
         self.gelu = gelu
 
@@ -168,7 +168,7 @@ class Encoder:
     def __init__(self, gguf: GGUFFile, backend: str = "reference"):
         if gguf.architecture not in ENCODER_ARCHITECTURES:
             raise GGUFError(f"{gguf.path}: {gguf.architecture!r} is not an encoder architecture")
-        w = WeightSource(gguf)
+        w = TorchWeightSource(gguf)
         self.n_embd = int(gguf.require_arch_value("embedding_length"))
         self.n_heads = int(gguf.require_arch_value("attention.head_count"))
         if self.n_embd % self.n_heads:

@@ -24,6 +24,7 @@ from .moe import MoEFeedForward
 from .options import DecoderOptions
 from .recurrent import Segment, advance_states, build_mixer, commit_states, recurrent_segments
 from .spec import AttentionSpec, DecoderSpec, FeedForwardSpec, LayerSpec, LinearSpec, PerLayerEmbeddingSpec
+from .torch_spec import torch_spec
 
 
 def _norm(weight: torch.Tensor | None, eps: float) -> RMSNorm | None:
@@ -215,7 +216,7 @@ class Decoder(nn.Module):
 
     def __init__(self, spec: DecoderSpec):
         super().__init__()
-        self.spec = spec
+        self.spec = spec = torch_spec(spec)
         self.config = config = spec.config
         self.opts = spec.options
         self.ropes = nn.ModuleList(Rotary.from_spec(r) for r in spec.ropes)

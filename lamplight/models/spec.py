@@ -3,7 +3,8 @@
 Each backend builds itself from this record (lamplight.runner: the PyTorch modules of
 lamplight.models.decoder; lamplight.native: the C++ forward's description), so no backend reads
 another one's internals. Large matrices stay `TensorInfo`s (raw GGUF blocks, memory-mapped, no
-copy); norms, biases and other small vectors are float32 tensors.
+copy); norms, biases and other small vectors are float32 numpy arrays (the PyTorch modules get
+them as tensors through lamplight.models.torch_spec).
 
 What a layer *has* comes from its tensors (biases, a fused Q/K/V or gate/up, Q/K norms per
 head or over the whole projection, norms before or after each branch, sinks, a router); what it
@@ -16,9 +17,10 @@ shapes are checked against the file's keys here, so a broken file is refused by 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 from ..gguf.file import GGUFError, GGUFFile, TensorInfo
 from ..gguf.quant import dequantize
@@ -34,7 +36,7 @@ class LinearSpec:
     joint bias (zeros where one member has none), or None."""
 
     weights: tuple[TensorInfo, ...]
-    bias: torch.Tensor | None = None
+    bias: np.ndarray | None = None
 
     @property
     def sizes(self) -> list[int]:
@@ -61,9 +63,9 @@ class HeadShape:
 class AttentionSpec:
     qkv: LinearSpec  # outputs: Q (with its gate rows where output_gate) | own K | own V
     wo: LinearSpec
-    q_norm: torch.Tensor | None  # RMSNorm weight: per head [head_dim] or over the projection
-    k_norm: torch.Tensor | None
-    sinks: torch.Tensor | None  # one attention-sink logit per query head (gpt-oss)
+    q_norm: np.ndarray | None  # RMSNorm weight: per head [head_dim] or over the projection
+    k_norm: np.ndarray | None
+    sinks: np.ndarray | None  # one attention-sink logit per query head (gpt-oss)
     rope: int | None  # index into DecoderSpec.ropes; None: no rotation (NoPE layers)
     window: int | None  # sliding window in tokens, None: full attention
     heads: HeadShape
@@ -86,10 +88,10 @@ class DeltaNetSpec:
     h % Hk; one delta-rule matrix [d_v, d_k] per v head."""
 
     in_proj: LinearSpec
-    conv: torch.Tensor  # [channels, K]
-    dt_bias: torch.Tensor  # [Hv]
-    a: torch.Tensor  # [Hv], stored -exp(A_log)
-    norm: torch.Tensor  # [d], shared by the heads
+    conv: np.ndarray  # [channels, K]
+    dt_bias: np.ndarray  # [Hv]
+    a: np.ndarray  # [Hv], stored -exp(A_log)
+    norm: np.ndarray  # [d], shared by the heads
     out: LinearSpec
     n_k_heads: int
     n_v_heads: int
@@ -105,7 +107,7 @@ class ShortConvSpec:
     """LFM2's gated short convolution: in_proj = [B; C; X], y = out_proj(C * conv(B * X))."""
 
     in_proj: LinearSpec
-    conv: torch.Tensor  # [E, K]
+    conv: np.ndarray  # [E, K]
     out: LinearSpec
 
     @property
@@ -120,12 +122,12 @@ class Mamba2Spec:
     RMSNorm (after the gate)."""
 
     in_proj: LinearSpec
-    conv: torch.Tensor  # [D + 2GN, K]
-    conv_bias: torch.Tensor  # [D + 2GN]
-    dt_bias: torch.Tensor  # [nh]
-    a: torch.Tensor  # [nh], stored -exp(A_log)
-    d: torch.Tensor  # [nh]
-    norm: torch.Tensor  # [G, D / G]
+    conv: np.ndarray  # [D + 2GN, K]
+    conv_bias: np.ndarray  # [D + 2GN]
+    dt_bias: np.ndarray  # [nh]
+    a: np.ndarray  # [nh], stored -exp(A_log)
+    d: np.ndarray  # [nh]
+    norm: np.ndarray  # [G, D / G]
     out: LinearSpec
     n_heads: int
     n_groups: int
@@ -133,7 +135,7 @@ class Mamba2Spec:
 
     @property
     def inner(self) -> int:
-        return self.norm.numel()
+        return math.prod(self.norm.shape)  # torch_spec's tensors too
 
     @property
     def state_layout(self) -> RecurrentLayout:
@@ -150,7 +152,7 @@ class PerLayerInputSpec:
 
     inp_gate: LinearSpec
     proj: LinearSpec
-    post_norm: torch.Tensor
+    post_norm: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,7 @@ class PerLayerEmbeddingSpec:
 
     token_embd: TensorInfo  # [vocab, P * L]
     model_proj: LinearSpec  # E -> P * L
-    proj_norm: torch.Tensor  # [P]
+    proj_norm: np.ndarray  # [P]
     size: int  # P
 
 
@@ -175,19 +177,19 @@ class ExpertsSpec:
     """A mixture of experts (llama.cpp's build_moe_ffn): 3-D expert tensors [n_expert, out, in]."""
 
     router: TensorInfo
-    router_bias: torch.Tensor | None
+    router_bias: np.ndarray | None
     gate: TensorInfo
     up: TensorInfo
     down: TensorInfo
-    gate_bias: torch.Tensor | None  # [n_expert, out] each, or None
-    up_bias: torch.Tensor | None
-    down_bias: torch.Tensor | None
+    gate_bias: np.ndarray | None  # [n_expert, out] each, or None
+    up_bias: np.ndarray | None
+    down_bias: np.ndarray | None
     n_used: int
     gating: str  # "softmax" or "softmax_selected"
     normalize: bool
     activation: str
     shared: FeedForwardSpec | None = None  # a shared expert every token runs (qwen35moe)
-    shared_gate: torch.Tensor | None = None  # [E]: the shared expert's output times sigmoid(gate . x)
+    shared_gate: np.ndarray | None = None  # [E]: the shared expert's output times sigmoid(gate . x)
 
     @property
     def n_expert(self) -> int:
@@ -196,12 +198,12 @@ class ExpertsSpec:
 
 @dataclass(frozen=True)
 class LayerSpec:
-    attn_norm: torch.Tensor | None  # None: the branch reads the residual stream as it is (olmo2)
+    attn_norm: np.ndarray | None  # None: the branch reads the residual stream as it is (olmo2)
     attn: AttentionSpec | None  # the token mixer: attention, or (None) the recurrent mixer below
-    post_attn_norm: torch.Tensor | None
-    ffn_norm: torch.Tensor | None
+    post_attn_norm: np.ndarray | None
+    ffn_norm: np.ndarray | None
     ffn: FeedForwardSpec | ExpertsSpec
-    post_ffn_norm: torch.Tensor | None
+    post_ffn_norm: np.ndarray | None
     recurrent: RecurrentSpec | None = None
     per_layer_input: PerLayerInputSpec | None = None
     output_scale: float | None = None  # the whole residual stream times this after the layer (gemma4)
@@ -216,7 +218,7 @@ class RopeSpec:
     base: float
     max_pos: int
     neox: bool
-    freq_factors: torch.Tensor | None = None
+    freq_factors: np.ndarray | None = None
     scaling: RopeScaling = RopeScaling()
 
 
@@ -226,9 +228,9 @@ class DecoderSpec:
     options: DecoderOptions
     token_embd: TensorInfo
     layers: tuple[LayerSpec, ...]
-    output_norm: torch.Tensor
+    output_norm: np.ndarray
     output: LinearSpec | None  # None: the head is the token embedding (tied)
-    output_bias: torch.Tensor | None
+    output_bias: np.ndarray | None
     ropes: tuple[RopeSpec, ...]  # the layers' rotations (AttentionSpec.rope indexes them)
     attn_scale: float
     per_layer_inputs: PerLayerEmbeddingSpec | None = None
@@ -271,14 +273,14 @@ class WeightSource:
             raise GGUFError(f"{self.gguf.path}: tensor {name} is missing")
         return info
 
-    def dense(self, name: str) -> torch.Tensor:
-        return torch.from_numpy(dequantize(self.info(name)))
+    def dense(self, name: str) -> np.ndarray:
+        return dequantize(self.info(name))
 
-    def optional_dense(self, name: str) -> torch.Tensor | None:
+    def optional_dense(self, name: str) -> np.ndarray | None:
         """A norm, bias or other small tensor that only some files (or architectures) have."""
         return self.dense(name) if self.has(name) else None
 
-    def linear(self, *names: str, bias: torch.Tensor | None = None) -> LinearSpec:
+    def linear(self, *names: str, bias: np.ndarray | None = None) -> LinearSpec:
         return LinearSpec(tuple(self.info(n) for n in names), bias)
 
     def matrix(self, name: str, out_features: int, in_features: int) -> TensorInfo:
@@ -289,7 +291,7 @@ class WeightSource:
                             f"the file's keys need {_ne((out_features, in_features))}")
         return info
 
-    def shaped(self, name: str, *shape: int) -> torch.Tensor:
+    def shaped(self, name: str, *shape: int) -> np.ndarray:
         """A small dense tensor of exactly `shape` elements (vectors may carry 1-sized dims,
         as Mamba2's ssm_a [1, nh] does)."""
         info = self.info(name)
@@ -297,7 +299,7 @@ class WeightSource:
         if squeeze(info.shape) != squeeze(shape):
             raise GGUFError(f"{self.gguf.path}: tensor {name} has shape {_ne(info.shape)}, "
                             f"the file's keys need {_ne(shape)}")
-        return torch.from_numpy(dequantize(info).reshape(shape))
+        return dequantize(info).reshape(shape)
 
 
 def _ne(shape) -> list[int]:
@@ -521,12 +523,12 @@ def _per_layer_input(w: WeightSource, p: str) -> PerLayerInputSpec | None:
     return PerLayerInputSpec(w.linear(p + "inp_gate.weight"), w.linear(p + "proj.weight"), w.dense(p + "post_norm.weight"))
 
 
-def _joint_bias(w: WeightSource, p: str, sizes: list[int], members: str = "qkv") -> torch.Tensor | None:
+def _joint_bias(w: WeightSource, p: str, sizes: list[int], members: str = "qkv") -> np.ndarray | None:
     """The Q, K and V biases side by side (zeros for a missing one), or None without any."""
     parts = [w.optional_dense(p + f"attn_{x}.bias") for x in members]
     if all(b is None for b in parts):
         return None
-    return torch.cat([b if b is not None else torch.zeros(n) for b, n in zip(parts, sizes)])
+    return np.concatenate([b if b is not None else np.zeros(n, dtype=np.float32) for b, n in zip(parts, sizes)])
 
 
 def _feed_forward(w: WeightSource, p: str, opts: DecoderOptions) -> FeedForwardSpec:

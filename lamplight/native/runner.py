@@ -130,7 +130,7 @@ class NativeRunner(ModelRunner):
     def _hold(self, t: torch.Tensor | np.ndarray | None) -> int | None:
         return hold(self._keep, t)
 
-    def _linear(self, infos: tuple[TensorInfo, ...], bias: torch.Tensor | None = None) -> abi.Linear:
+    def _linear(self, infos: tuple[TensorInfo, ...], bias: np.ndarray | None = None) -> abi.Linear:
         """One native linear over weights reading the same input, outputs side by side."""
         names = tuple(i.name for i in infos)
         if names not in self._packed:
@@ -216,7 +216,7 @@ class NativeRunner(ModelRunner):
             layer.wo = self._linear(attn.wo.weights, attn.wo.bias)
             layer.q_norm, layer.k_norm = self._hold(attn.q_norm), self._hold(attn.k_norm)
             head_dim = attn.heads.head_dim_k
-            layer.qk_norm_whole = int(any(n is not None and n.numel() != head_dim for n in (attn.q_norm, attn.k_norm)))
+            layer.qk_norm_whole = int(any(n is not None and n.size != head_dim for n in (attn.q_norm, attn.k_norm)))
             layer.rope = -1 if attn.rope is None else attn.rope  # -1: no rotation (NoPE layers)
             layer.window = attn.window or 0
             layer.sinks = self._hold(attn.sinks)
@@ -474,16 +474,16 @@ def _expert(bank: TensorInfo, e: int) -> TensorInfo:
     return TensorInfo(f"{bank.name}[{e}]", bank.qtype, (out, k), bank.data[e * out:(e + 1) * out])
 
 
-def _row(bias: torch.Tensor | None, e: int) -> torch.Tensor | None:
+def _row(bias: np.ndarray | None, e: int) -> np.ndarray | None:
     return bias[e] if bias is not None else None
 
 
-def _joint_expert_bias(ffn: ExpertsSpec, e: int) -> torch.Tensor | None:
+def _joint_expert_bias(ffn: ExpertsSpec, e: int) -> np.ndarray | None:
     gate, up = _row(ffn.gate_bias, e), _row(ffn.up_bias, e)
     if gate is None and up is None:
         return None
-    zeros = torch.zeros(ffn.gate.shape[1])
-    return torch.cat([gate if gate is not None else zeros, up if up is not None else zeros])
+    zeros = np.zeros(ffn.gate.shape[1], dtype=np.float32)
+    return np.concatenate([gate if gate is not None else zeros, up if up is not None else zeros])
 
 
 def key_table(batch: ForwardBatch) -> tuple[np.ndarray, np.ndarray]:
