@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..gguf.file import GGUFError, GGUFFile
-from ..state import KVLayout
+from ..state.layout import KVLayout
 
 
 @dataclass(frozen=True)

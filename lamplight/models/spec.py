@@ -24,7 +24,7 @@ import numpy as np
 
 from ..gguf.file import GGUFError, GGUFFile, TensorInfo
 from ..gguf.quant import dequantize
-from ..state import KVLayout, RecurrentLayout, StateSpec
+from ..state.layout import KVLayout, RecurrentLayout, StateSpec
 from .config import ModelConfig
 from .options import RECURRENT_KINDS, DecoderOptions, SSMOptions, layer_kind
 from .rope_scaling import RopeScaling

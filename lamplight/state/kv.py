@@ -10,51 +10,14 @@ only read and write indices they are given.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from .kv_quant import KVQuant
+from .layout import KVLayout
 
 # What a pool stores K or V as: a torch dtype (f32, f16, bf16), or a block-quantized type.
 KVType = torch.dtype | KVQuant
-
-
-def type_bits(kind: KVType) -> float:
-    return kind.bits if isinstance(kind, KVQuant) else torch.finfo(kind).bits
-
-
-@dataclass(frozen=True)
-class KVLayout:
-    """The K/V every attention layer with its own cache stores per token. `layer_shapes` lists
-    (n_kv_heads, head_dim_k, head_dim_v) per layer where layers differ (Gemma 4's sliding and
-    full layers); empty, every layer has the shape of the scalar fields."""
-
-    num_layers: int
-    n_kv_heads: int
-    head_dim_k: int
-    head_dim_v: int
-    layer_shapes: tuple[tuple[int, int, int], ...] = ()
-
-    @classmethod
-    def of_layers(cls, shapes: list[tuple[int, int, int]]) -> "KVLayout":
-        """The layout of layers of these shapes (the plain uniform form where they agree)."""
-        if not shapes:
-            return cls(0, 0, 0, 0)
-        if len(set(shapes)) == 1:
-            return cls(len(shapes), *shapes[0])
-        widest = max(shapes, key=lambda s: s[0] * (s[1] + s[2]))
-        return cls(len(shapes), *widest, layer_shapes=tuple(shapes))
-
-    def shape(self, layer: int) -> tuple[int, int, int]:
-        """(n_kv_heads, head_dim_k, head_dim_v) of one layer."""
-        return self.layer_shapes[layer] if self.layer_shapes else (self.n_kv_heads, self.head_dim_k, self.head_dim_v)
-
-    def bytes_per_token(self, k_dtype: KVType = torch.float32, v_dtype: KVType | None = None) -> int:
-        k_bits, v_bits = type_bits(k_dtype), type_bits(v_dtype or k_dtype)
-        shapes = [self.shape(layer) for layer in range(self.num_layers)]
-        return int(sum(n * (dk * k_bits + dv * v_bits) for n, dk, dv in shapes) // 8)
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:

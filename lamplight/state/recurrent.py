@@ -14,25 +14,10 @@ All recurrent state is float32, as llama.cpp keeps it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True)
-class RecurrentLayout:
-    """One recurrent layer's state per sequence: the convolution's history [K-1, channels] and the
-    recurrence matrix (e.g. [heads, d_v, d_k]; () for a layer without one, LFM2's short conv)."""
-
-    history: tuple[int, int]
-    matrix: tuple[int, ...] = ()
-
-    @property
-    def floats(self) -> int:
-        return math.prod(self.history) + (math.prod(self.matrix) if self.matrix else 0)
-
-    def bytes_per_sequence(self) -> int:
-        return self.floats * 4
+from .layout import RecurrentLayout
 
 
 class RecurrentPool:
