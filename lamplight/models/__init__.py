@@ -4,18 +4,23 @@
 architecture's options); a runner (lamplight.runner, lamplight.native) computes it. Every
 architecture is one configuration of the decoder: adding one is a module with an `options`
 function and an entry below.
+
+Reading a definition needs no torch: the PyTorch modules (`Decoder`, `load_model`) are imported
+when first used.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..gguf.file import GGUFError, GGUFFile
 from . import gemma2, gemma3, gemma4, gpt_oss, granite, lfm2, llama, mistral3, olmo2, phi3, qwen, qwen35
 from .config import ModelConfig, read_common_config
-from .decoder import Decoder
 from .options import DecoderOptions
 from .spec import DecoderSpec, read_decoder_spec
+
+if TYPE_CHECKING:
+    from .decoder import Decoder
 
 ARCHITECTURES: dict[str, Callable[[GGUFFile, ModelConfig], DecoderOptions]] = {
     "llama": llama.options,
@@ -53,9 +58,19 @@ def define_model(gguf: GGUFFile) -> DecoderSpec:
 
 def load_model(gguf: GGUFFile) -> Decoder:
     """The file's model as PyTorch modules on the reference kernels (dequantized float32)."""
+    from .decoder import Decoder
+
     model = Decoder(define_model(gguf))
     model.eval()
     return model
+
+
+def __getattr__(name: str):
+    if name == "Decoder":  # the PyTorch module, imported on first use
+        from .decoder import Decoder
+
+        return Decoder
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["ARCHITECTURES", "Decoder", "DecoderSpec", "ModelConfig", "define_model", "load_model"]

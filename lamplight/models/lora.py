@@ -5,6 +5,9 @@ for each adapted weight `W` (e.g. `blk.0.attn_q.weight`) two tensors `W.lora_a` 
 `W.lora_b` [out, rank]. A layer then computes `W x + s * B (A x)` with `s = scale * alpha / rank`
 (or just `scale` when alpha is 0), as llama.cpp does. The weights stay separate (nothing is
 merged), so adapters can be switched per step without touching the base weights.
+
+This module reads and checks adapters (numpy arrays, no torch); each backend applies them its
+own way (lamplight.models.lora_hooks for the PyTorch decoder, lamplight.native.runner).
 """
 
 from __future__ import annotations
@@ -12,12 +15,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-import torch
-from torch import nn
+import numpy as np
 
 from ..gguf.file import GGUFError, GGUFFile
 from ..gguf.quant import dequantize
-from .layers import QuantLinear
 from .spec import DecoderSpec
 
 
@@ -26,7 +27,7 @@ class LoraAdapter:
     path: str
     alpha: float
     # base weight name -> (A [rank, in], B [out, rank])
-    weights: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    weights: dict[str, tuple[np.ndarray, np.ndarray]]
     scale: float = 1.0  # the server-wide scale (--lora-scaled, POST /lora-adapters)
 
     def factor(self, name: str) -> float:
@@ -48,12 +49,12 @@ def load_lora(path: str | os.PathLike, architecture: str) -> LoraAdapter:
         raise GGUFError(f"{gguf.path} is not a LoRA adapter (general.type={meta.get('general.type')!r}, adapter.type={meta.get('adapter.type')!r})")
     if meta.get("general.architecture") != architecture:
         raise GGUFError(f"{gguf.path}: adapter is for {meta.get('general.architecture')!r}, the model is {architecture!r}")
-    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    pairs: dict[str, dict[str, np.ndarray]] = {}
     for name, info in gguf.tensors.items():
         base, _, kind = name.rpartition(".")
         if kind not in ("lora_a", "lora_b"):
             raise GGUFError(f"{gguf.path}: unexpected tensor {name} in a LoRA adapter")
-        pairs.setdefault(base, {})[kind] = torch.from_numpy(dequantize(info))
+        pairs.setdefault(base, {})[kind] = dequantize(info)
     weights = {}
     for base, pair in pairs.items():
         if set(pair) != {"lora_a", "lora_b"}:
@@ -76,14 +77,3 @@ def check_adapters(spec: DecoderSpec, adapters: list[LoraAdapter]) -> None:
             out_features, in_features = weight.shape
             if a.shape[1] != in_features or b.shape[0] != out_features:
                 raise GGUFError(f"{adapter.path}: {name} adapter shape does not match the model's weight")
-
-
-def attach_loras(model: nn.Module, adapters: list[LoraAdapter]) -> LoraScales:
-    """Hook every adapter into the PyTorch model's linear layers (checked with check_adapters
-    first); returns the per-step scale holder they share."""
-    scales = LoraScales([0.0] * len(adapters))
-    linears = {m.name: m for m in model.modules() if isinstance(m, QuantLinear)}
-    for index, adapter in enumerate(adapters):
-        for name, (a, b) in adapter.weights.items():
-            linears[name].add_lora(index, a, b, adapter.factor(name), scales)
-    return scales

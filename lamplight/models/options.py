@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from ..gguf.file import GGUFError, GGUFFile
 from .config import ModelConfig
 from .rope_scaling import RopeScaling, read_rope_scaling
@@ -46,9 +44,11 @@ class QueryTemperature:
     length: int
     offset: float = 0.0
 
-    def factors(self, positions: torch.Tensor) -> torch.Tensor:
-        steps = torch.floor((positions.double() + self.offset) / self.length)
-        return (torch.log(steps + 1.0) * self.scale + 1.0).float()
+    def factors(self, positions):
+        """Per row query factors, float32, for a torch tensor of positions (tensor methods
+        only: the options import without torch)."""
+        steps = ((positions.double() + self.offset) / self.length).floor()
+        return ((steps + 1.0).log() * self.scale + 1.0).float()
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,14 @@ calls nothing else to compute a step. Backends: `torch_runner.TorchRunner` (refe
 """
 
 from .base import ModelRunner
-from .scoring import greedy, score
 
 __all__ = ["ModelRunner", "greedy", "score"]
+
+
+def __getattr__(name: str):
+    # The scoring helpers run PyTorch steps: imported on first use, so the interface needs no torch.
+    if name in ("greedy", "score"):
+        from . import scoring
+
+        return getattr(scoring, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,21 +9,27 @@ engine calls: `run(chunks, state)` computes one step (every chunk's tokens, K/V 
 Backends: "reference" (PyTorch, dequantized float32: what the fidelity tests check), "pytorch"
 (PyTorch's packed 4-bit and bf16 kernels), "compiled" (pytorch with decode steps through
 torch.compile), "native" (the C++ forward of lamplight.native).
+
+This module imports without torch (a native runner is built without it); the steps' batches
+and state are PyTorch's, imported where a step or a state is made.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import torch
-
-from ..models.batch import ForwardBatch, SequenceChunk, build_forward_batch
 from ..models.config import ModelConfig
 from ..models.lora import LoraScales
 from ..models.spec import DecoderSpec
-from ..state import ModelState, StateSpec
-from ..state.kv import KVType
+from ..state import StateSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..models.batch import ForwardBatch, SequenceChunk
+    from ..state import ModelState
+    from ..state.kv import KVType
 
 
 class ModelRunner(ABC):
@@ -49,14 +55,22 @@ class ModelRunner(ABC):
     def state_spec(self) -> StateSpec:
         return self.spec.state_spec
 
-    def new_state(self, num_tokens: int, k_dtype: KVType = torch.float32, v_dtype: KVType | None = None,
+    def new_state(self, num_tokens: int, k_dtype: KVType | None = None, v_dtype: KVType | None = None,
                   device: torch.device | str = "cpu", n_sequences: int = 1) -> ModelState:
         """Storage for `num_tokens` token positions of K/V shared by all sequences, and (models
-        with recurrent layers) `n_sequences` recurrent state slots (SequenceChunk.state_slot)."""
+        with recurrent layers) `n_sequences` recurrent state slots (SequenceChunk.state_slot).
+        K is stored as `k_dtype` (None: float32), V as `v_dtype` (None: as K)."""
+        import torch
+
+        from ..state import ModelState
+
+        k_dtype = torch.float32 if k_dtype is None else k_dtype
         return ModelState.allocate(self.state_spec, num_tokens, k_dtype, v_dtype, device, n_sequences=n_sequences)
 
     def run(self, chunks: Sequence[SequenceChunk], state: ModelState) -> torch.Tensor:
         """One step over `chunks` (in row order): logits [rows needing them, vocab]."""
+        from ..models.batch import build_forward_batch
+
         return self.run_batch(build_forward_batch(chunks, device=state.device), state)
 
     @abstractmethod

@@ -7,7 +7,8 @@ import torch
 from ..models.batch import ForwardBatch
 from ..models.decoder import Decoder
 from ..models.layers import shift_kv
-from ..models.lora import LoraScales, attach_loras, check_adapters
+from ..models.lora import LoraScales, check_adapters
+from ..models.lora_hooks import attach_loras
 from ..models.spec import DecoderSpec
 from ..state import ModelState
 from .base import ModelRunner
