@@ -491,6 +491,7 @@ def test_prefix_socket_key_file_and_default_grammar_on_a_tiny_model(tmp_path):
             pytest.fail("lamplight serve did not stop on SIGINT")
     assert process.returncode == 0, err
     assert f"listening on unix:{sock}" in err and not sock.exists()
+    assert "kernels: native" not in err or "; 1 threads" in err  # -t 1 reaches the native pool
 
 
 def _wait_for_socket(client: httpx.Client, process: subprocess.Popen, seconds: float = 60) -> None:

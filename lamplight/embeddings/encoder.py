@@ -39,6 +39,7 @@ from ..models.torch_spec import TorchWeightSource
 from ..native import abi, pack, runtime
 from ..native.elementwise import ATTEND_FULL_LANES, add_layer_norm, attend_full, fp16_lookup
 from ..native.linear import NativeLinear
+from ..native.threads import configured_threads
 
 NATIVE_BACKENDS = ("native", "fast")
 
@@ -193,7 +194,7 @@ class Encoder:
         lib = runtime.library() if backend in NATIVE_BACKENDS else None
         self.lib = lib
         if lib is not None:
-            lib.lp_set_threads(torch.get_num_threads())  # -t sets torch's count before loading
+            lib.lp_set_threads(configured_threads())  # -t sets torch's count before loading
             linear, gelu = _NativeLinears(lib), _native_gelu(lib)
         else:
             linear, gelu = Linear, _gelu

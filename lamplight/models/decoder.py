@@ -16,13 +16,14 @@ from torch import nn
 from ..kernels.linear import invariant_linear
 from ..gguf.quant import dequantize, dequantize_rows
 from ..state import ModelState
+from ..state.advance import advance_states
 from .activations import ACTIVATIONS
 from .batch import ForwardBatch
 from .config import ModelConfig
 from .layers import DenseFeedForward, LinearGroup, QuantLinear, RMSNorm, Rotary, ScoreShaping, paged_attention
 from .moe import MoEFeedForward
 from .options import DecoderOptions
-from .recurrent import Segment, advance_states, build_mixer, commit_states, recurrent_segments
+from .recurrent import Segment, build_mixer, commit_states, recurrent_segments
 from .spec import AttentionSpec, DecoderSpec, FeedForwardSpec, LayerSpec, LinearSpec, PerLayerEmbeddingSpec
 from .torch_spec import torch_spec
 

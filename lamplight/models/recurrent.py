@@ -79,11 +79,6 @@ def _segment(items: list, n: int, device) -> Segment:
     return Segment(rows, slots, fresh)
 
 
-def advance_states(batch: ForwardBatch, pool: RecurrentPool) -> None:
-    for chunk in batch.chunks:
-        pool.advance(chunk.state_slot, chunk.start_pos, len(chunk.token_ids))
-
-
 def commit_states(writes: list, pool: RecurrentPool) -> None:
     """Write a finished step's new states (layer, slots, history, matrix) into the pool."""
     for layer, slots, history, matrix in writes:

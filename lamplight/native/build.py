@@ -13,6 +13,7 @@ and 1.6 GB per build on the project's 2-core machines; this takes about two seco
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import platform
 import shutil
@@ -81,14 +82,21 @@ def _compiler_version(cxx: str) -> str:
     return out.stdout.splitlines()[0] if out.stdout else cxx
 
 
-def _build_key(cxx: str, flags: tuple[str, ...]) -> str:
-    import torch
+def _torch_version() -> str:
+    """torch's version as torch.__version__ gives it (what the key has always held, so the cached
+    libraries keep their names), read from the installed package without importing torch."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
 
+
+def _build_key(cxx: str, flags: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
     for path in sorted(SOURCE_DIR.iterdir()):
         if path.suffix in (".cpp", ".h"):
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    for part in (*flags, _compiler_version(cxx), torch.__version__, platform.machine()):
+    for part in (*flags, _compiler_version(cxx), _torch_version(), platform.machine()):
         digest.update(part.encode() + b"\0")
     return digest.hexdigest()[:16]
 

@@ -1,13 +1,18 @@
 """Functions on the native library's threads outside any model: elementwise (src/table.cpp), and the
-encoders' attention (src/encoder_attention.cpp) and residual layer norm (src/layer_norm.cpp)."""
+encoders' attention (src/encoder_attention.cpp) and residual layer norm (src/layer_norm.cpp).
+
+They take and give torch tensors; torch is imported by the calls, not with the module (the
+native package loads without it)."""
 
 from __future__ import annotations
 
 import ctypes
-
-import torch
+from typing import TYPE_CHECKING
 
 from . import abi
+
+if TYPE_CHECKING:
+    import torch
 
 
 def fp16_lookup(lib: ctypes.CDLL, table: torch.Tensor, x: torch.Tensor, identity_from: float,
@@ -16,6 +21,8 @@ def fp16_lookup(lib: ctypes.CDLL, table: torch.Tensor, x: torch.Tensor, identity
     entry): ggml's fp16 GELU table (lamplight.models.activations.gelu_tanh_fp16_table's bits) in
     one pass. `table`: 65536 float32 values. `in_place`: into x itself when it is contiguous
     float32 (each value is read before its own result is written)."""
+    import torch
+
     if table.dtype != torch.float32 or table.numel() != 65536 or not table.is_contiguous():
         raise ValueError("the table holds 65536 contiguous float32 values")
     src = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
@@ -36,6 +43,8 @@ def attend_full(lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     length that q, k, v [n_seqs * n, n_heads * head_dim] hold one after another (views with any
     row stride, columns contiguous); into `out` (float32, rows of contiguous columns) or a new
     tensor."""
+    import torch
+
     rows, width = q.shape
     if k.shape != q.shape or v.shape != q.shape or rows % max(n_seqs, 1) or width % n_heads:
         raise ValueError(f"q, k, v {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}: not {n_seqs} sequences of "
@@ -59,6 +68,8 @@ def add_layer_norm(lib: ctypes.CDLL, x: torch.Tensor, residual: torch.Tensor | N
     """LayerNorm(x + residual) over the last dimension, times weight, plus bias, as ggml's norm
     computes it, row by row in one pass; into `out` (which may be x or residual) or a new tensor.
     Every tensor contiguous float32."""
+    import torch
+
     n = x.shape[-1]
     tensors = [t for t in (x, residual, weight, bias, out) if t is not None]
     if any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):

@@ -1,18 +1,21 @@
 """A small ctypes wrapper of the native low-bit matmul (src/qmatmul.h), for tests and benchmarks.
 
 Single-threaded and whole-range by default; the model runner calls the C functions itself.
+Its calls take and give torch tensors (torch imported by them, not with the module).
 """
 
 from __future__ import annotations
 
 import ctypes
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from . import abi
 from .abi import QWeight
 from .pack import PackedWeight
+
+if TYPE_CHECKING:
+    import torch
 
 
 class QKernels:
@@ -41,6 +44,8 @@ class QKernels:
 
     def quantize(self, x: torch.Tensor) -> torch.Tensor:
         """float32 [rows, k] -> quantized activations uint8 [rows, row_bytes(k)]."""
+        import torch
+
         x = _rows(x)
         rows, k = x.shape
         if k % 32:
@@ -52,6 +57,8 @@ class QKernels:
     def matmul_acts(self, p: PackedWeight, acts: torch.Tensor, out: torch.Tensor | None = None,
                     col_begin: int = 0, col_end: int | None = None) -> torch.Tensor:
         """y [rows, n] from quantized activations; only columns [col_begin, col_end) are written."""
+        import torch
+
         rows = acts.shape[0]
         if out is None:
             out = torch.zeros(rows, p.n, dtype=torch.float32)
@@ -78,5 +85,7 @@ class QKernels:
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
+    import torch
+
     assert x.dim() == 2 and x.dtype == torch.float32
     return x if x.stride(1) == 1 else x.contiguous()

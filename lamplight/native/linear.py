@@ -1,44 +1,53 @@
 """Native linear layers: how a linear's weights are described to the C side (packed for the
 integer kernels, or dense fp16/bf16/float32), shared by the model runner, and `NativeLinear`, one
 linear run on its own (src/linear.cpp's lp_linear): the encoders' matmuls, outside any model.
+
+Describing a linear needs no torch (the weights and biases are numpy arrays; a torch tensor
+given is read as one); NativeLinear's calls take and give torch tensors.
 """
 
 from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q
-import torch
 
 from ..gguf.file import TensorInfo, release_tensor_pages
 from ..gguf.quant import dequantize
 from . import abi
 from .abi import NativeUnsupported
 
+if TYPE_CHECKING:
+    import torch
+
 # Groups of weights read as one part: (their infos, their packed weight, or None for dense).
 PartGroups = list[tuple[list, object]]
 
 
-def address(t: torch.Tensor | np.ndarray | None) -> int | None:
-    """Where an array's data starts (None for none), for the C side."""
+def address(t) -> int | None:
+    """Where an array's data starts (None for none), for the C side: a numpy array, or a torch
+    tensor (its data_ptr)."""
     if t is None:
         return None
     return t.ctypes.data if isinstance(t, np.ndarray) else t.data_ptr()
 
 
-def hold(keep: list, t: torch.Tensor | np.ndarray | None) -> int | None:
-    """t's address for the C side, t (a tensor as contiguous float32) kept alive in `keep`."""
+def hold(keep: list, t) -> int | None:
+    """t's address for the C side, t kept alive in `keep`: a numpy array as it is (contiguous),
+    a torch tensor as its contiguous float32 values (a numpy view of them)."""
     if t is None:
         return None
-    if isinstance(t, torch.Tensor):
-        t = t.detach().float().contiguous()
+    if not isinstance(t, np.ndarray):
+        t = t.detach().float().contiguous().numpy()
+    t = np.ascontiguousarray(t)
     keep.append(t)
     return address(t)
 
 
-def describe_linear(groups: PartGroups, bias: torch.Tensor | None, hold: Callable[[object], int | None]) -> abi.Linear:
+def describe_linear(groups: PartGroups, bias: np.ndarray | None, hold: Callable[[object], int | None]) -> abi.Linear:
     """The C description of a linear over `groups` (pack_groups), outputs side by side; `hold`
     keeps an array alive for as long as the description and returns its address."""
     if len(groups) > abi.MAX_PARTS:
@@ -62,7 +71,7 @@ def describe_linear(groups: PartGroups, bias: torch.Tensor | None, hold: Callabl
 _DENSE_FORMATS = {Q.F16: (abi.DENSE_F16, np.float16), Q.BF16: (abi.DENSE_BF16, np.uint16)}
 
 
-def _dense(infos: list) -> tuple[int, torch.Tensor | np.ndarray]:
+def _dense(infos: list) -> tuple[int, np.ndarray]:
     """A dense part's format and values: fp16 or bf16 as stored, in forward.h's tiles, when every
     weight has that type (and k is a multiple of the tile's 16), else float32 [n, k]."""
     kinds = {_DENSE_FORMATS.get(i.qtype) for i in infos}
@@ -110,7 +119,7 @@ class NativeLinear:
     llama.cpp computes them), fp16/bf16/float32 ones on the float32 dot. A row's result depends on
     that row alone, whatever else is in the call."""
 
-    def __init__(self, lib: ctypes.CDLL, infos: Sequence[TensorInfo], bias: torch.Tensor | None = None):
+    def __init__(self, lib: ctypes.CDLL, infos: Sequence[TensorInfo], bias=None):
         k = infos[0].shape[1]
         if any(i.shape[1] != k for i in infos):
             raise ValueError(f"{', '.join(i.name for i in infos)}: the weights do not read the same input")
@@ -122,6 +131,8 @@ class NativeLinear:
         self.out_features = self.lin.n_out
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        import torch
+
         flat = x.reshape(-1, self.in_features)
         if flat.dtype != torch.float32 or not flat.is_contiguous():
             flat = flat.float().contiguous()

@@ -7,45 +7,56 @@ the caller's paged pool, the recurrent layers' states (hybrid models) read from 
 its RecurrentPool (written once the whole step has succeeded), logits for the batch's logit
 rows. It reads only the spec: no PyTorch
 module of the model is built.
+
+Building the runner needs no torch (the spec's arrays and the packed weights are numpy's). A
+step still takes PyTorch's batch and state (lamplight.models.batch, lamplight.state), so the
+methods that run one import torch where they need it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import itertools
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from ..gguf.file import TensorInfo
 from ..gguf.quant import dequantize, dequantize_rows
-from ..models.batch import ForwardBatch
-from ..models.layers import Rotary, shift_kv
 from ..models.lora import LoraAdapter, LoraScales, check_adapters
-from ..models.recurrent import advance_states
 from ..models.rope import RopeTables
 from ..models.spec import (DecoderSpec, DeltaNetSpec, ExpertsSpec, FeedForwardSpec, LayerSpec, Mamba2Spec, RecurrentSpec,
                            ShortConvSpec)
 from ..runner.base import ModelRunner
-from ..state import ModelState
-from ..state.kv import KVPool
-from ..state.kv_quant import KVQuant
-from ..state.recurrent import RecurrentPool
+from ..state.advance import advance_states
 from . import abi
 from .abi import NativeUnsupported
 from .linear import address as _ptr, describe_linear, hold, pack_groups
+from .threads import configured_threads
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..models.batch import ForwardBatch
+    from ..state import ModelState
+    from ..state.kv import KVPool
+    from ..state.recurrent import RecurrentPool
 
 # The gate/up combinations (lamplight.models.activations) the native forward computes. ggml's
 # fp16 GELU table (gemma2) is computed exactly instead of looked up: within fp16 rounding of it.
 _ACTIVATIONS = {"silu": abi.LP_ACT_SILU, "gelu_tanh": abi.LP_ACT_GELU_TANH, "gelu_tanh_fp16": abi.LP_ACT_GELU_TANH,
                 "swiglu_oai": abi.LP_ACT_SWIGLU_OAI}
 
-KV_TYPES = {torch.float32: abi.LP_KV_F32, torch.float16: abi.LP_KV_F16, torch.bfloat16: abi.LP_KV_BF16}
-
 
 def native_kv_type(kind) -> int:
     """The C side's LP_KV_* of a pool's K or V type (a torch dtype or a kv_quant type)."""
-    return kind.native_id if isinstance(kind, KVQuant) else KV_TYPES[kind]
+    import torch
+
+    from ..state.kv_quant import KVQuant
+
+    if isinstance(kind, KVQuant):
+        return kind.native_id
+    return {torch.float32: abi.LP_KV_F32, torch.float16: abi.LP_KV_F16, torch.bfloat16: abi.LP_KV_BF16}[kind]
 
 
 class NativeRunner(ModelRunner):
@@ -69,7 +80,7 @@ class NativeRunner(ModelRunner):
         self._n_recurrent: int | None = None
         self.handle = None
         self._rebuild()
-        lib.lp_set_threads(torch.get_num_threads())  # -t sets torch's count before loading
+        lib.lp_set_threads(configured_threads())  # -t sets torch's count before loading
         self.threads = lib.lp_get_threads()
         self.kinds = sorted({self._kind(p) for p in self._parts()})
         self.one_row_prefetch: bool | None = None  # lamplight.native.prefetch's choice, once made
@@ -107,14 +118,15 @@ class NativeRunner(ModelRunner):
 
     def weight_bytes(self) -> int:
         """Bytes of the weights the native forward reads (packed, plus dense norms and tables)."""
-        return sum(t.nbytes if isinstance(t, np.ndarray) else t.numel() * t.element_size()
-                   for t in self._keep if isinstance(t, (np.ndarray, torch.Tensor)))
+        return sum(t.nbytes for t in self._keep if isinstance(t, np.ndarray))
 
     def scratch_bytes(self) -> int:
         """Bytes of the forward's working buffers so far (they grow with the largest step)."""
         return self.lib.lp_model_scratch_bytes(self.handle)
 
     def shift_kv(self, state: ModelState, src: torch.Tensor, dst: torch.Tensor, delta: int) -> None:
+        from ..models.layers import Rotary, shift_kv
+
         if self._rotaries is None:
             self._rotaries = [Rotary.from_spec(r) for r in self.spec.ropes]
         owners = [layer.attn for layer in self.spec.layers if layer.attn is not None and layer.attn.owns_kv]
@@ -127,7 +139,7 @@ class NativeRunner(ModelRunner):
 
     # -- description -----------------------------------------------------------------------------
 
-    def _hold(self, t: torch.Tensor | np.ndarray | None) -> int | None:
+    def _hold(self, t: np.ndarray | None) -> int | None:
         return hold(self._keep, t)
 
     def _linear(self, infos: tuple[TensorInfo, ...], bias: np.ndarray | None = None) -> abi.Linear:
@@ -309,24 +321,18 @@ class NativeRunner(ModelRunner):
     def _kv(self, kv: KVPool) -> abi.KV:
         """The pool's description for the C side, made once per pool (an engine keeps one)."""
         if self._kv_desc is None or self._kv_desc[0] is not kv:
-            n = len(kv.k)
-            desc = abi.KV()
             layout = kv.layout
-            shapes = [layout.shape(layer) for layer in range(n)]
+            shapes = [layout.shape(layer) for layer in range(len(kv.k))]
             expected = [a.kv_shape for layer in self.spec.layers if (a := layer.attn) is not None and a.owns_kv]
             if shapes != expected or layout != self.spec.state_spec.kv:
                 raise ValueError(f"native forward: a KV pool of layout {layout}, the model's is {self.spec.state_spec.kv}")
-            desc.k_type, desc.v_type = native_kv_type(kv.k_type), native_kv_type(kv.v_type)
-            desc.pool_tokens = kv.k[0].shape[1]
-            desc.n_layers = n  # the C side checks the pool has the model's layers
-            desc._k = (ctypes.c_void_p * n)(*(t.data_ptr() for t in kv.k))
-            desc._v = (ctypes.c_void_p * n)(*(t.data_ptr() for t in kv.v))
-            desc.k = ctypes.cast(desc._k, ctypes.POINTER(ctypes.c_void_p))
-            desc.v = ctypes.cast(desc._v, ctypes.POINTER(ctypes.c_void_p))
+            desc = kv_description(native_kv_type(kv.k_type), native_kv_type(kv.v_type), kv.k[0].shape[1], kv.k, kv.v)
             self._kv_desc = (kv, desc)
         return self._kv_desc[1]
 
     def embeddings(self, token_ids: torch.Tensor) -> torch.Tensor:
+        import torch
+
         return torch.from_numpy(dequantize_rows(self.spec.token_embd, token_ids.numpy()))
 
     def run_batch(self, batch: ForwardBatch, state: ModelState) -> torch.Tensor:
@@ -338,6 +344,8 @@ class NativeRunner(ModelRunner):
         what an embedder pools. The LoRA adapters are left out: the engine sets their scales
         per step, and an embedding must not depend on which step came last. `state` is the
         caller's for this call only: the engine's pools stay described, and `state` is not kept."""
+        import torch
+
         rows = torch.arange(batch.token_ids.numel())
         described = self._kv_desc, self._state_desc
         try:
@@ -348,6 +356,8 @@ class NativeRunner(ModelRunner):
     def _step(self, batch: ForwardBatch, state: ModelState, logit_rows: torch.Tensor, width: int, entry,
               loras: bool) -> torch.Tensor:
         """One call of `entry` (lp_forward_states or lp_forward_hidden): its output [logit rows, width]."""
+        import torch
+
         embd = self.embeddings(batch.token_ids)
         given = self._given_rows(batch, embd)
         key_ends = batch.key_ends.contiguous() if batch.key_ends is not None else None
@@ -365,7 +375,7 @@ class NativeRunner(ModelRunner):
         ple = self.spec.per_layer_inputs
         per_layer_rows = None if ple is None else dequantize_rows(ple.token_embd, batch.token_ids.numpy())
         out = torch.empty(logit_rows.numel(), width)
-        scales = np.asarray(self.lora_scales.scales, dtype=np.float32) if self._has_loras and loras else None
+        scales = self.step_lora_scales() if loras else None
         b = abi.Batch(n_rows=n_rows, n_logits=logit_rows.numel(), n_key_slots=key_slots.size,
                       n_lora_scales=0 if scales is None else scales.size, embeddings=_ptr(embd),
                       positions=_ptr(positions), write_slots=_ptr(write_slots), key_offsets=_ptr(key_offsets),
@@ -373,15 +383,24 @@ class NativeRunner(ModelRunner):
                       key_ends=_ptr(key_ends), given_rows=_ptr(given), per_layer_rows=_ptr(per_layer_rows))
         pool = self._kv(state.kv)
         states = self._states(batch, state.recurrent) if self._recurrent_layers else None
-        rc = entry(self.handle, ctypes.byref(b), ctypes.byref(pool), None if states is None else ctypes.byref(states),
-                   out.data_ptr())
+        self.call_forward(entry, b, pool, states, out.data_ptr())
+        if states is not None:
+            advance_states(batch, state.recurrent)
+        return out
+
+    def call_forward(self, entry, batch: abi.Batch, pool: abi.KV, states: abi.States | None, out: int) -> None:
+        """One call of `entry` (lp_forward_states or lp_forward_hidden) on described arrays, its
+        output written at address `out`; the C side's errors raised."""
+        rc = entry(self.handle, ctypes.byref(batch), ctypes.byref(pool), None if states is None else ctypes.byref(states),
+                   out)
         if rc == abi.LP_ERR_UNSUPPORTED:
             raise NativeUnsupported(abi.last_error(self.lib)[1])
         if rc != abi.LP_OK:
             raise abi.error(self.lib, rc)  # ValueError naming the array, row and value out of range
-        if states is not None:
-            advance_states(batch, state.recurrent)
-        return out
+
+    def step_lora_scales(self) -> np.ndarray | None:
+        """The adapters' scales for a step, as the C side reads them (None: no adapter here)."""
+        return np.asarray(self.lora_scales.scales, dtype=np.float32) if self._has_loras else None
 
     @property
     def _recurrent_layers(self) -> int:
@@ -392,6 +411,8 @@ class NativeRunner(ModelRunner):
     def _states(self, batch: ForwardBatch, pool: RecurrentPool | None) -> abi.States:
         """The recurrent pool's description with this step's row slots; each chunk's start is
         checked against its slot (as the PyTorch path checks it)."""
+        import torch
+
         if pool is None:
             raise ValueError("this model has recurrent layers: its state needs recurrent slots (new_state)")
         seen = set()
@@ -404,20 +425,12 @@ class NativeRunner(ModelRunner):
             if pool.layouts != self.spec.state_spec.recurrent or any(
                     not t.is_contiguous() or t.dtype != torch.float32 for t in (*pool.history, *pool.matrix) if t is not None):
                 raise ValueError("native forward: a recurrent state pool not laid out for this model")
-            desc = abi.States(n_layers=len(pool.layouts), n_slots=pool.n_sequences)
-            desc._history = (ctypes.c_void_p * len(pool.history))(*(t.data_ptr() for t in pool.history))
-            desc._matrix = (ctypes.c_void_p * len(pool.matrix))(*(_ptr(t) for t in pool.matrix))
-            desc.history = ctypes.cast(desc._history, ctypes.POINTER(ctypes.c_void_p))
-            desc.matrix = ctypes.cast(desc._matrix, ctypes.POINTER(ctypes.c_void_p))
-            self._state_desc = (pool, desc)
+            self._state_desc = (pool, states_description(pool.n_sequences, pool.history, pool.matrix))
         desc = self._state_desc[1]
         slots = np.fromiter(itertools.chain.from_iterable([c.state_slot] * len(c.token_ids) for c in batch.chunks),
                             dtype=np.int64, count=batch.token_ids.numel())
-        desc._row_slots = slots  # kept alive for the call
-        desc.n_rows, desc.row_slots = slots.size, _ptr(slots)
+        set_row_slots(desc, slots)
         return desc
-
-
 
     @staticmethod
     def _given_rows(batch: ForwardBatch, embd: torch.Tensor) -> np.ndarray | None:
@@ -484,6 +497,38 @@ def _joint_expert_bias(ffn: ExpertsSpec, e: int) -> np.ndarray | None:
         return None
     zeros = np.zeros(ffn.gate.shape[1], dtype=np.float32)
     return np.concatenate([gate if gate is not None else zeros, up if up is not None else zeros])
+
+
+def kv_description(k_type: int, v_type: int, pool_tokens: int, k: list, v: list) -> abi.KV:
+    """The C side's view of a KV pool: K and V types (LP_KV_*), and each layer's K and V storage
+    [n_kv_heads, pool_tokens, row] (numpy arrays or torch tensors), kept alive by the description."""
+    n = len(k)
+    desc = abi.KV(k_type=k_type, v_type=v_type, pool_tokens=pool_tokens, n_layers=n)  # the C side checks n
+    desc._arrays = (k, v)
+    desc._k = (ctypes.c_void_p * n)(*(_ptr(t) for t in k))
+    desc._v = (ctypes.c_void_p * n)(*(_ptr(t) for t in v))
+    desc.k = ctypes.cast(desc._k, ctypes.POINTER(ctypes.c_void_p))
+    desc.v = ctypes.cast(desc._v, ctypes.POINTER(ctypes.c_void_p))
+    return desc
+
+
+def states_description(n_slots: int, history: list, matrix: list) -> abi.States:
+    """The C side's view of a recurrent state pool: each recurrent layer's history [n_slots, K-1,
+    channels] and matrix (None for a layer without one), float32 numpy arrays or torch tensors,
+    kept alive by the description; the step's row slots are set_row_slots'."""
+    desc = abi.States(n_layers=len(history), n_slots=n_slots)
+    desc._arrays = (history, matrix)
+    desc._history = (ctypes.c_void_p * len(history))(*(_ptr(t) for t in history))
+    desc._matrix = (ctypes.c_void_p * len(matrix))(*(_ptr(t) for t in matrix))
+    desc.history = ctypes.cast(desc._history, ctypes.POINTER(ctypes.c_void_p))
+    desc.matrix = ctypes.cast(desc._matrix, ctypes.POINTER(ctypes.c_void_p))
+    return desc
+
+
+def set_row_slots(desc: abi.States, slots: np.ndarray) -> None:
+    """Each row's recurrent state slot (int64 [rows]), kept alive by the description."""
+    desc._row_slots = slots
+    desc.n_rows, desc.row_slots = slots.size, _ptr(slots)
 
 
 def key_table(batch: ForwardBatch) -> tuple[np.ndarray, np.ndarray]:

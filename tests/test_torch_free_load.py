@@ -1,0 +1,99 @@
+"""The native kernels without torch: how many threads they get where torch is not loaded, and
+the build cache's key. Each script runs in a fresh interpreter whose imports of torch raise."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tiny_gguf import write_tiny_llama
+
+from lamplight.native import build, runtime
+from lamplight.native.threads import default_threads
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Prepended to each script: any import of torch or a torch submodule raises.
+NO_TORCH = """
+import importlib.abc, sys
+
+class NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError(f"torch imported: {name}")
+        return None
+
+sys.meta_path.insert(0, NoTorch())
+"""
+
+
+def run_without_torch(script: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`script` in a fresh interpreter that cannot import torch, with this checkout's lamplight;
+    `env`: variables to set (None values: to unset)."""
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    environment = {**os.environ, **(env or {}), "PYTHONPATH": path}
+    return subprocess.run([sys.executable, "-c", NO_TORCH + script], cwd=REPO_ROOT, capture_output=True, text=True,
+                          env={name: value for name, value in environment.items() if value is not None}, timeout=300)
+
+
+def printed(out: subprocess.CompletedProcess) -> dict[str, str]:
+    """The script's `NAME value` lines."""
+    return dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+
+
+@pytest.fixture(scope="module")
+def native_library():
+    if runtime.library() is None:
+        pytest.skip(f"no native library here: {runtime.unavailable_reason()}")
+
+
+def test_the_guard_stops_an_import_of_torch():
+    """The harness has teeth: a module that imports torch fails under it."""
+    out = run_without_torch("import lamplight.models.decoder\n")
+    assert out.returncode != 0 and "ImportError: torch imported: torch" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("omp, mkl", [(None, None), ("1", None), ("64", None), ("2", "1")])
+def test_default_threads_are_torchs(omp, mkl):
+    """Without torch the native pool gets the count torch would have by default (its MKL build's):
+    the cores, fewer where OMP_NUM_THREADS or MKL_NUM_THREADS (which wins) asks for fewer."""
+    script = ("from lamplight.native.threads import default_threads\n"
+              "print('OURS', default_threads())\n"
+              "sys.meta_path.pop(0)  # the guard off: now torch's own count\n"
+              "import torch\n"
+              "print('TORCHS', torch.get_num_threads())\n")
+    out = run_without_torch(script, {"OMP_NUM_THREADS": omp, "MKL_NUM_THREADS": mkl})
+    assert out.returncode == 0, out.stderr
+    lines = printed(out)
+    assert lines["OURS"] == lines["TORCHS"]
+
+
+def test_the_build_key_holds_torchs_version_string():
+    """The native libraries' cache key still holds torch.__version__ (read from the installed
+    package now): the libraries built before keep their names, nothing is rebuilt."""
+    import torch
+
+    assert build._torch_version() == torch.__version__ == importlib.metadata.version("torch")
+
+
+def test_the_native_pool_follows_torchs_count_where_torch_is_loaded(native_library, tmp_path):
+    """The CLI's -t sets torch's thread count before loading; a runner built then takes it."""
+    import torch
+
+    from lamplight.gguf.file import GGUFFile
+    from lamplight.models import define_model
+    from lamplight.native.runner import NativeRunner
+
+    spec = define_model(GGUFFile(write_tiny_llama(tmp_path / "tiny.gguf")))
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            assert NativeRunner(spec, runtime.library()).threads == threads
+    finally:
+        torch.set_num_threads(before)
+        runtime.library().lp_set_threads(before)
