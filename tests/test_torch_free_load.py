@@ -1,5 +1,8 @@
-"""The native kernels without torch: how many threads they get where torch is not loaded, and
-the build cache's key. Each script runs in a fresh interpreter whose imports of torch raise."""
+"""Loading a model for the native forward imports no torch: lamplight.load(..., backend="native"
+or "fast") reads the file, builds the native runner (packed weights, numpy norms and RoPE
+tables, LoRA adapters), times the one-row prefetch and returns the LoadedModel with torch
+never imported; the native pool's threads without torch, and the build cache's key. Each
+script runs in a fresh interpreter whose imports of torch raise."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_gguf import write_tiny_llama
+from tiny_gguf import write_tiny_llama, write_tiny_lora
 
 from lamplight.native import build, runtime
 from lamplight.native.threads import default_threads
@@ -55,6 +58,31 @@ def test_the_guard_stops_an_import_of_torch():
     """The harness has teeth: a module that imports torch fails under it."""
     out = run_without_torch("import lamplight.models.decoder\n")
     assert out.returncode != 0 and "ImportError: torch imported: torch" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("backend", ["native", "fast"])
+def test_a_native_load_imports_no_torch(native_library, backend, tmp_path):
+    path = write_tiny_llama(tmp_path / "tiny.gguf")
+    targets = {"blk.0.attn_q.weight": (64, 64), "blk.1.ffn_down.weight": (64, 128)}
+    adapter = write_tiny_lora(tmp_path / "adapter.gguf", targets, rank=4, alpha=8.0)
+    script = f"""
+import lamplight
+m = lamplight.load({str(path)!r}, backend={backend!r}, loras=[({str(adapter)!r}, 0.5)])
+assert "torch" not in sys.modules
+print("BACKEND", m.runner.backend)
+print("PREFETCH", m.runner.one_row_prefetch)
+print("THREADS", m.runner.threads)
+print("ADAPTERS", len(m.adapters), m.runner.lora_scales.scales)  # scales set by the runner's attach_loras
+print("TOKENS", len(m.tokenizer.encode("hello")))
+"""
+    out = run_without_torch(script)
+    assert out.returncode == 0, out.stderr
+    lines = printed(out)
+    assert lines["BACKEND"] == "native"
+    assert lines["PREFETCH"] in ("True", "False")  # the one-row prefetch was timed and chosen
+    assert int(lines["THREADS"]) == default_threads()  # torch's default, as if it were loaded
+    assert lines["ADAPTERS"] == "1 [0.0]"
+    assert int(lines["TOKENS"]) > 0
 
 
 @pytest.mark.parametrize("omp, mkl", [(None, None), ("1", None), ("64", None), ("2", "1")])

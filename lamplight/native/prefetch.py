@@ -6,6 +6,7 @@ hardware prefetchers alone stream the weights fastest, on AMD Zen 5 the software
 1B Q4_K_M file's decode step 1.3-1.5x faster. So the first model loaded on the native kernels runs
 a few one-token steps each way, alternated, and keeps the faster (lp_set_one_row_prefetch). A
 prefetch changes no result, only speed: the reproducibility rule holds whatever is chosen.
+The steps run on buffers of their own (lamplight.native.one_token_step): loading needs no torch.
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ import logging
 import statistics
 import time
 
-import torch
-
-from ..models.batch import SequenceChunk
+from .one_token_step import OneTokenStep
 
 log = logging.getLogger("lamplight")
 
@@ -48,16 +47,13 @@ def choose_one_row_prefetch(runner) -> bool | None:
 
 
 def _step_times(runner) -> dict[bool, list[float]]:
-    dtype = torch.float16 if runner.default_cache_type == "f16" else torch.float32
-    state = runner.new_state(1, dtype)
-    chunk = [SequenceChunk([0], 0, range(1))]
+    step = OneTokenStep(runner)
     times: dict[bool, list[float]] = {False: [], True: []}
-    with torch.inference_mode():
-        for round_ in range(ROUNDS + 1):
-            for on in (False, True) if round_ % 2 else (True, False):
-                runner.lib.lp_set_one_row_prefetch(int(on))
-                start = time.perf_counter()
-                runner.run(chunk, state)
-                if round_:
-                    times[on].append(time.perf_counter() - start)
+    for round_ in range(ROUNDS + 1):
+        for on in (False, True) if round_ % 2 else (True, False):
+            runner.lib.lp_set_one_row_prefetch(int(on))
+            start = time.perf_counter()
+            step()
+            if round_:
+                times[on].append(time.perf_counter() - start)
     return times
