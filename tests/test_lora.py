@@ -31,7 +31,8 @@ def merged_model(base_path, adapter_path, scale):
     adapter = load_lora(adapter_path, "llama")
     linears = {m.name: m for m in model.model.modules() if hasattr(m, "raw")}
     for name, (a, b) in adapter.weights.items():
-        linears[name].kernel.weight.add_(scale * (adapter.alpha / a.shape[0]) * (torch.from_numpy(b) @ torch.from_numpy(a)))
+        delta = torch.from_numpy(b) @ torch.from_numpy(a)
+        linears[name].kernel.weight.add_(scale * (adapter.alpha / a.shape[0]) * delta)
     return model
 
 

@@ -91,7 +91,8 @@ class _NativeLinears:
         self.native: set[str] = set()
         self.other: set[str] = set()
 
-    def __call__(self, w: TorchWeightSource, names: Sequence[str], biases: Sequence[str | None]) -> Linear | NativeLinear:
+    def __call__(self, w: TorchWeightSource, names: Sequence[str],
+                 biases: Sequence[str | None]) -> Linear | NativeLinear:
         infos = [w.info(n) for n in names]
         types = {i.qtype.name for i in infos}
         if all(pack.can_pack(i.qtype) or _widened_natively(i) for i in infos):

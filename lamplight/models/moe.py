@@ -34,7 +34,8 @@ class ExpertBank(nn.Module):
         """Expert e's float32 weight, dequantized from its blocks alone."""
         rows = torch.arange(e * self.out_features, (e + 1) * self.out_features).numpy()
         flat = TensorInfo(self.info.name, self.info.qtype, (self.info.data.shape[0], self.in_features), self.info.data)
-        return DenseKernel(torch.from_numpy(dequantize_rows(flat, rows)).to(device), torch.float32, BATCH_INVARIANT_ROWS)
+        weight = torch.from_numpy(dequantize_rows(flat, rows)).to(device)
+        return DenseKernel(weight, torch.float32, BATCH_INVARIANT_ROWS)
 
     def apply(self, x: torch.Tensor, e: int) -> torch.Tensor:
         y = self.expert(e, x.device)(x)

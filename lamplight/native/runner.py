@@ -391,8 +391,8 @@ class NativeRunner(ModelRunner):
     def call_forward(self, entry, batch: abi.Batch, pool: abi.KV, states: abi.States | None, out: int) -> None:
         """One call of `entry` (lp_forward_states or lp_forward_hidden) on described arrays, its
         output written at address `out`; the C side's errors raised."""
-        rc = entry(self.handle, ctypes.byref(batch), ctypes.byref(pool), None if states is None else ctypes.byref(states),
-                   out)
+        states_ref = None if states is None else ctypes.byref(states)
+        rc = entry(self.handle, ctypes.byref(batch), ctypes.byref(pool), states_ref, out)
         if rc == abi.LP_ERR_UNSUPPORTED:
             raise NativeUnsupported(abi.last_error(self.lib)[1])
         if rc != abi.LP_OK:
