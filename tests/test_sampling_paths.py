@@ -160,7 +160,7 @@ def test_best_k_mask_takes_ties_by_id() -> None:
 
 
 @pytest.mark.parametrize("n_vocab", [300, 8192, 49152])
-@pytest.mark.parametrize("width", [1, 3, 40, 100, 600])
+@pytest.mark.parametrize("width", [1, 3, 40, 100, 600, 4096])
 def test_best_first_ids_are_a_stable_descending_sorts_first(n_vocab: int, width: int) -> None:
     """The selection without a sort (a threshold from group maxima) on rows full of ties: equal
     values, runs of -inf (a grammar's mask), zeros (removed probabilities), -0.0 next to 0.0."""

@@ -26,9 +26,11 @@ from .reductions import cumulative, log_softmax, softmax, sum_padded_rows, sum_r
 
 NEG_INF = float("-inf")
 SMALL_WIDTH = 4096  # up to this many candidates, gather or select + sort; beyond, avoid sorting
-# Selecting the best w of a row goes through a threshold when the row is this many times wider;
-# below that a stable sort of the row is as cheap.
-_SELECT_RATIO = 16
+# Selecting the best w entries of a row goes through a threshold from the maxima of this many
+# groups per entry (at most one entry a group), when the row is at least 4 times wider than w;
+# otherwise a stable sort of the whole row is as cheap.
+_GROUPS_PER_ENTRY = 16
+_SORT_ABOVE_SHARE = 4
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ def best_first_ids(logits: np.ndarray, width: int) -> np.ndarray:
     ascending id: the first `width` of a stable descending sort, without sorting the row."""
     n_vocab = logits.shape[1]
     width = max(min(width, n_vocab), 1)
-    if width * _SELECT_RATIO > n_vocab:
+    if width * _SORT_ABOVE_SHARE > n_vocab:
         return stable_descending(logits)[:, :width]
     thresholds = _lower_bounds_of_the_best(logits, width)
     return np.stack([_best_first_in_row(row, width, threshold) for row, threshold in zip(logits, thresholds)])
@@ -74,7 +76,7 @@ def best_first_ids(logits: np.ndarray, width: int) -> np.ndarray:
 def _lower_bounds_of_the_best(logits: np.ndarray, width: int) -> np.ndarray:
     """Per row, a value that at least `width` entries reach: the width-th largest maximum of
     disjoint groups of entries (each of the best `width` group maxima is an entry of its own)."""
-    n_groups = width * _SELECT_RATIO
+    n_groups = min(width * _GROUPS_PER_ENTRY, logits.shape[1])
     per_group = logits.shape[1] // n_groups
     # Group g holds the entries g, g + n_groups, ...: a maximum over contiguous slices.
     group_max = logits[:, : n_groups * per_group].reshape(len(logits), per_group, n_groups).max(axis=1)
