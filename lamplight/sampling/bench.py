@@ -1,7 +1,7 @@
 """Micro-benchmark of the sampler chain: `python -m lamplight.sampling.bench`.
 
-Times `sample_batch` on random [B, 49152] float32 logits (numpy, on the CPU: the chain's only home) with every sampler on (penalties, DRY,
-top_n_sigma, top_k, typical, top_p, min_p, XTC, dynamic temperature, logit_bias, n_probs),
+Times `sample_batch` on random [B, 49152] float32 numpy logits with every sampler on (penalties,
+DRY, top_n_sigma, top_k, typical, top_p, min_p, XTC, dynamic temperature, logit_bias, n_probs),
 then the llama.cpp defaults, and prints milliseconds per step and a per-step breakdown.
 """
 
