@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lamplight.sampling import SamplingParams, SequenceSampler, run_chain, sample_batch
-from lamplight.sampling import reductions, truncation
+from lamplight.sampling import draw, reductions, truncation
 
 N_VOCAB = 8192  # more than truncation.SMALL_WIDTH, so the full-vocabulary routes run
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -196,6 +196,40 @@ def test_vocabulary_sums_are_the_same_bits_in_any_batch() -> None:
     for row in range(5):
         assert reductions.sum_rows(rows[row : row + 1])[0] == together[row]
         assert reductions.sum_rows(rows[[row, (row + 2) % 5]])[0] == together[row]
+
+
+def test_a_row_draws_the_same_as_a_padded_list_or_as_a_whole_vocabulary_row() -> None:
+    """The two forms of a row with few candidates: its weights in a list padded to a batch's width
+    (beside another row), or at their ids in a row of the vocabulary."""
+    generator = np.random.default_rng(6)
+    n_vocab, width = 8192, truncation.SMALL_WIDTH
+    for n in (1, 2, 37, 1000, width):
+        ids = np.sort(generator.choice(n_vocab, n, replace=False))
+        weights = np.exp(generator.standard_normal(n) * 3).astype(np.float32)
+        weights[generator.random(n) < 0.2] = 0.0  # candidates whose weight underflowed
+        weights[0] = 1.0
+        whole = np.zeros(n_vocab, dtype=np.float32)
+        whole[ids] = weights
+        lists = generator.random((2, width)).astype(np.float32)
+        lists[1] = 0.0
+        lists[1, :n] = weights
+        for u in [0.0, 1 - 2**-53, *generator.random(30)]:
+            positions, totals = draw.draw_from_lists(lists, np.array([0.5, u]))
+            token, total = draw.draw_from_row(whole, u, many=False)
+            assert (ids[positions[1]], totals[1]) == (token, total), (n, u)
+            assert weights[positions[1]] > 0
+
+
+def test_the_draw_over_many_candidates_is_the_inverse_cdf() -> None:
+    generator = np.random.default_rng(7)
+    weights = np.exp(generator.standard_normal(49157) * 2).astype(np.float32)
+    weights[generator.random(weights.size) < 0.3] = 0.0
+    cdf = np.cumsum(weights.astype(np.float64))
+    for u in generator.random(200):
+        token, total = draw.draw_from_row(weights, u, many=True)
+        assert total == pytest.approx(cdf[-1], rel=1e-12)
+        assert token == int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+    assert draw.draw_from_row(weights, 1 - 2**-53, many=True)[0] == int(np.flatnonzero(weights)[-1])
 
 
 @pytest.mark.parametrize("device", DEVICES)

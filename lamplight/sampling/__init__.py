@@ -37,14 +37,15 @@ batch and whichever row it is in. The draw is an inverse-CDF over the final dist
 vocabulary order. Equal logits are ordered by ascending token id wherever order decides (top_k,
 top_p, typical, min_keep, XTC, greedy), so results do not depend on the sort algorithm. Every
 per-row sum is computed the same way for a row alone or in any batch (lamplight.sampling.
-reductions), so a row's probabilities and token are the same bits whatever shares its step.
+reductions and .draw), so a row's probabilities and token are the same bits whatever shares its
+step.
 
 Modules: params (SamplingParams, parse_samplers, effective_seed), sequence (SequenceSampler),
 chain (run_chain, sample_batch), reasoning_budget (`--reasoning-budget N`'s per-sequence state
 machine: which token, if any, a step must produce), logit_bias, penalties, dry, truncation
 (top_k, top_p, min_p, typical, top_n_sigma), xtc, temperature (incl. dynatemp), mirostat,
-probs (n_probs), rng, reductions (reproducible per-row sums), arrays (what the chain accepts),
-bench (`python -m lamplight.sampling.bench`).
+probs (n_probs), rng, draw (the inverse-CDF draw), reductions (reproducible per-row sums),
+arrays (what the chain accepts), bench (`python -m lamplight.sampling.bench`).
 
 Where this differs from llama.cpp on purpose (llama.cpp keeps -inf candidates in its array):
 * a forced token (reasoning budget) overrides logit_bias; llama.cpp runs its budget sampler

@@ -11,6 +11,7 @@ import numpy as np
 
 from . import mirostat, temperature, truncation
 from .arrays import as_logits, as_mask
+from .draw import draw_from_lists, draw_from_row
 from .dry import apply_dry
 from .logit_bias import apply_logit_bias
 from .penalties import apply_penalties
@@ -67,9 +68,8 @@ def sample_batch(
             if tokens is not None:
                 return SampleResult(tokens, [None] * len(samplers))
         state = _run_chain(logits, samplers, allowed_mask, forced=forced_rows)
-        distribution = _FinalDistribution.of(state)
-        tokens = distribution.draw([s.draw_uniform() for s in samplers])
-        tokens = _fallback_for_empty_rows(tokens, distribution, logits, allowed_mask)
+        distribution = _FinalDistribution.drawn(state, [s.draw_uniform() for s in samplers])
+        tokens = _fallback_for_empty_rows(distribution.tokens, distribution, logits, allowed_mask)
         for row, token in forced_rows.items():
             tokens[row] = token  # the chain keeps it as the only candidate; this makes it certain
         _propose_mirostat_mu(distribution, tokens, samplers)
@@ -372,55 +372,36 @@ _STEPS: dict[str, Callable[[_Group], None]] = {
 
 @dataclass
 class _FinalDistribution:
-    """Each row's final distribution, in vocabulary order: over the whole vocabulary, or over a
-    compact list of candidate ids (ascending) when the chain left few candidates.
+    """Each row's final distribution, in vocabulary order, and the token drawn from it: over
+    compact lists of candidate ids (ascending) when every row has few candidates, else over whole
+    vocabulary rows. The totals and the draw (lamplight.sampling.draw) give a row the same bits
+    in either form and whatever else is in the batch."""
 
-    The weights exp(logit - max) are summed from the left in float64 (`cdf`): a removed
-    candidate weighs exactly 0, so a row's total, probabilities and drawn token are the same
-    bits in either form and whatever else is in the batch."""
-
-    weights: np.ndarray  # float32 [B, V], or [B, width] aligned with `ids`
-    cdf: np.ndarray  # float64 running sums of `weights` along each row
+    weights: np.ndarray  # float32 exp(logit - max): [B, V], or [B, width] aligned with `ids`
+    totals: np.ndarray  # float64 [B]; NaN on a row without candidates
     ids: np.ndarray | None  # [B, width] ascending token ids, or None for the whole vocabulary
+    tokens: list[int]  # the draw
 
     @classmethod
-    def of(cls, state: _ChainState) -> _FinalDistribution:
+    def drawn(cls, state: _ChainState, uniforms: list[float]) -> _FinalDistribution:
         final = state.work
         ids = state.candidates_for(list(range(final.shape[0])))
+        width = max(state.bounds) if ids is None else ids.shape[1]
+        counts = count_candidates(final) if width > SMALL_WIDTH else None
+        if counts is not None and int(counts.max()) > SMALL_WIDTH:
+            weights = _weights(final)
+            draws = [draw_from_row(row, u, count > SMALL_WIDTH) for row, u, count in zip(weights, uniforms, counts)]
+            return cls(weights, np.array([total for _, total in draws]), None, [token for token, _ in draws])
         if ids is None:
-            width = max(state.bounds)
-            if width > SMALL_WIDTH:
-                width = int(count_candidates(final).max())
-            if width > SMALL_WIDTH:
-                return cls.over(final, None)
-            ids = best_first_ids(final, width)
+            ids = best_first_ids(final, width if counts is None else int(counts.max()))
         ids = np.sort(ids, axis=1)
-        return cls.over(np.take_along_axis(final, ids, axis=1), ids)
-
-    @classmethod
-    def over(cls, logits: np.ndarray, ids: np.ndarray | None) -> _FinalDistribution:
-        weights = np.exp(logits - logits.max(axis=1, keepdims=True))
-        return cls(weights, np.cumsum(weights, axis=1, dtype=np.float64), ids)
-
-    def draw(self, uniforms: list[float]) -> list[int]:
-        """Inverse-CDF draw per row with the row's own uniform number."""
-        width = self.cdf.shape[1]
-        targets = np.asarray(uniforms, dtype=np.float64) * self.cdf[:, -1]
-        # The first position whose running sum exceeds the target (searchsorted, side="right").
-        positions = np.minimum(np.count_nonzero(self.cdf <= targets[:, None], axis=1), width - 1)
-        # Rounding can land past the last candidate (on a zero-weight entry): step back.
-        landed = np.take_along_axis(self.weights, positions[:, None], axis=1)[:, 0]
-        for row in np.flatnonzero(landed <= 0):
-            candidates = np.flatnonzero(self.weights[row, : positions[row] + 1] > 0)
-            if candidates.size:
-                positions[row] = candidates[-1]
-        if self.ids is None:
-            return positions.tolist()
-        return np.take_along_axis(self.ids, positions[:, None], axis=1)[:, 0].tolist()
+        weights = _weights(np.take_along_axis(final, ids, axis=1))
+        positions, totals = draw_from_lists(weights, np.asarray(uniforms, dtype=np.float64))
+        return cls(weights, totals, ids, np.take_along_axis(ids, positions[:, None], axis=1)[:, 0].tolist())
 
     def empty_rows(self) -> list[int]:
         # A row without any finite logit has NaN weights.
-        return np.flatnonzero(np.isnan(self.cdf[:, -1])).tolist()
+        return np.flatnonzero(np.isnan(self.totals)).tolist()
 
     def probability(self, rows: list[int], tokens: list[int]) -> list[float]:
         probs, ids = self.rows(rows)
@@ -431,8 +412,12 @@ class _FinalDistribution:
 
     def rows(self, rows: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
         """(probs, ids) of some rows: float32 probabilities, NaN on a row without candidates."""
-        probs = (self.weights[rows] / self.cdf[rows, -1:]).astype(np.float32)
+        probs = (self.weights[rows] / self.totals[rows, None]).astype(np.float32)
         return probs, None if self.ids is None else self.ids[rows]
+
+
+def _weights(logits: np.ndarray) -> np.ndarray:
+    return np.exp(logits - logits.max(axis=1, keepdims=True))
 
 
 def _fallback_for_empty_rows(
