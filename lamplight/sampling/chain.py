@@ -17,7 +17,7 @@ from .logit_bias import apply_logit_bias
 from .penalties import apply_penalties
 from .probs import TokenProbs, final_token_probs, raw_token_probs
 from .sequence import SequenceSampler
-from .truncation import SMALL_WIDTH, best_first_ids, count_candidates
+from .truncation import SMALL_WIDTH, count_candidates
 from .xtc import xtc
 
 logger = logging.getLogger(__name__)
@@ -393,7 +393,7 @@ class _FinalDistribution:
             draws = [draw_from_row(row, u, count > SMALL_WIDTH) for row, u, count in zip(weights, uniforms, counts)]
             return cls(weights, np.array([total for _, total in draws]), None, [token for token, _ in draws])
         if ids is None:
-            ids = best_first_ids(final, width if counts is None else int(counts.max()))
+            ids = _finite_ids(final, width if counts is None else int(counts.max()))
         ids = np.sort(ids, axis=1)
         weights = _weights(np.take_along_axis(final, ids, axis=1))
         positions, totals = draw_from_lists(weights, np.asarray(uniforms, dtype=np.float64))
@@ -418,6 +418,18 @@ class _FinalDistribution:
 
 def _weights(logits: np.ndarray) -> np.ndarray:
     return np.exp(logits - logits.max(axis=1, keepdims=True))
+
+
+def _finite_ids(logits: np.ndarray, width: int) -> np.ndarray:
+    """[rows, width]: each row's ids of finite logits (at most `width`), then the id of one of its
+    -inf entries as often as needed: ids to read the candidates at (never to write through)."""
+    width = max(width, 1)
+    ids = np.empty((logits.shape[0], width), dtype=np.int64)
+    for row, values in enumerate(logits):
+        finite = np.flatnonzero(values > NEG_INF)
+        ids[row, : finite.size] = finite
+        ids[row, finite.size :] = values.argmin()  # -inf wherever the row has fewer than `width`
+    return ids
 
 
 def _fallback_for_empty_rows(
