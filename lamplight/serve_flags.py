@@ -690,7 +690,7 @@ FLAG_GROUPS: tuple[tuple[str, tuple[Flag, ...]], ...] = (
                   "chunk's K/V were computed after other tokens, so the reply would depend on what was cached "
                   "(requests' n_cache_reuse is accepted and ignored likewise)", "N", env="LLAMA_ARG_CACHE_REUSE"),
         _accepted(("--reuse-port",), "lamplight binds one socket of its own", env="LLAMA_ARG_REUSE_PORT"),
-        _accepted(("-bs", "--backend-sampling"), "lamplight samples every slot in one batch with torch",
+        _accepted(("-bs", "--backend-sampling"), "lamplight samples every slot in one batch with numpy",
                   env="LLAMA_ARG_BACKEND_SAMPLING"),
         _accepted(("--prefill-assistant",), "lamplight continues a final assistant message (the default)",
                   dest="prefill_assistant", env="LLAMA_ARG_PREFILL_ASSISTANT"),

@@ -5,13 +5,14 @@ its pool gives way between slots; a draft model that does not fit the model is r
 from __future__ import annotations
 
 import httpx
+import numpy as np
 import pytest
 from model_helpers import runner_for
 from test_server_support import serve
 from tiny_gguf import write_tiny_llama
 
 from lamplight.engine.config import EngineConfig
-from lamplight.engine.draft_model import DraftModel
+from lamplight.engine.draft_model import TOP_K, DraftModel, _share_among_the_best
 from lamplight.engine.engine import Engine
 from lamplight.engine.types import FinalEvent, GenerationRequest, InvalidRequestError
 from lamplight.gguf.file import GGUFFile
@@ -160,6 +161,15 @@ def test_p_min_and_n_min_hold_drafts_back(files, backend, plain):
             assert got.token_ids == expected.token_ids and got.timings.draft_n == 0
         finally:
             engine.stop()
+
+
+def test_p_min_weighs_the_likeliest_token_among_the_ten_likeliest():
+    logits = np.random.default_rng(3).standard_normal(1000).astype(np.float32)
+    best = np.sort(logits.astype(np.float64))[::-1][:TOP_K]
+    expected = 1 / np.exp(best - best[0]).sum()  # the float64 softmax of the ten, at the first
+    assert _share_among_the_best(logits, int(logits.argmax())) == pytest.approx(expected, rel=1e-6)
+    logits[:5] = logits.max() + 30.0  # five equal leaders: a fifth each, whatever follows
+    assert _share_among_the_best(logits, 0) == pytest.approx(0.2, rel=1e-6)
 
 
 def test_a_request_asking_for_a_draft_model_the_server_lacks_is_refused(plain):

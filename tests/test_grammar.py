@@ -11,8 +11,8 @@ import random
 import re
 
 import jsonschema
+import numpy as np
 import pytest
-import torch
 from grammar_corpus import (
     GBNF_CASES,
     INVALID_GBNF,
@@ -172,7 +172,7 @@ def test_invalid_lark_raises(compiler):
 
 
 def allowed_ids(matcher, n_vocab: int) -> set[int]:
-    return set(fill_masks([matcher], n_vocab)[0].nonzero().flatten().tolist())
+    return set(np.flatnonzero(fill_masks([matcher], n_vocab)[0]).tolist())
 
 
 def test_end_of_generation_is_allowed_exactly_where_the_grammar_is_complete(compiler, tokenizer):
@@ -213,11 +213,11 @@ def test_fill_masks_pads_and_leaves_unconstrained_rows_all_true(compiler, tokeni
     rows = [None, compiled.new_matcher(), None, compiled.new_matcher()]
     n_vocab = tokenizer.vocab_size + 64  # a model whose embedding table is padded
     masks = fill_masks(rows, n_vocab)
-    assert masks.shape == (4, n_vocab) and masks.dtype == torch.bool
+    assert isinstance(masks, np.ndarray) and masks.shape == (4, n_vocab) and masks.dtype == np.bool_
     assert masks[0].all() and masks[2].all()
     assert not masks[1, tokenizer.vocab_size :].any()
-    assert torch.equal(masks[1], masks[3])
-    assert masks[1].nonzero().flatten().tolist() == [t for t in range(tokenizer.vocab_size)
+    assert np.array_equal(masks[1], masks[3])
+    assert np.flatnonzero(masks[1]).tolist() == [t for t in range(tokenizer.vocab_size)
                                                      if tokenizer.token_bytes(t).startswith(b"{")
                                                      and compiled.new_matcher().accept(t)]
 
@@ -230,10 +230,10 @@ def test_batched_masks_equal_single_row_masks(compiler, tokenizer, closing):
     for step in range(12):
         batched = fill_masks(rows, tokenizer.vocab_size)
         for index, matcher in enumerate(rows):
-            single = torch.zeros(tokenizer.vocab_size, dtype=torch.bool)
+            single = np.zeros(tokenizer.vocab_size, dtype=bool)
             matcher.fill_mask(single)
-            assert torch.equal(batched[index], single)
-            text_ids = [t for t in single.nonzero().flatten().tolist() if t not in tokenizer.eog_ids]
+            assert np.array_equal(batched[index], single)
+            text_ids = [t for t in np.flatnonzero(single).tolist() if t not in tokenizer.eog_ids]
             if text_ids:
                 assert matcher.accept(rng.choice(text_ids))
 

@@ -11,6 +11,7 @@ import functools
 import random
 import re
 
+import numpy as np
 import pytest
 
 from lamplight.grammar import GrammarCompiler, GrammarError
@@ -130,7 +131,7 @@ def test_token_reference_allows_exactly_that_token():
     compiler = GrammarCompiler(ByteTokenizer())
     matcher = compiler.compile_gbnf('root ::= "a" <[98]> "c"').new_matcher()
     assert matcher.accept(ord("a"))
-    assert fill_masks([matcher], 257)[0].nonzero().flatten().tolist() == [98]
+    assert np.flatnonzero(fill_masks([matcher], 257)[0]).tolist() == [98]
 
 
 # -- differential check against a recognizer of the syntax tree ---------------------------------

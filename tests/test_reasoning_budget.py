@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
-import torch
 from conftest import reference_text
 
 from lamplight.chat import ChatTemplate
@@ -195,8 +195,7 @@ def _sampler(**params) -> SequenceSampler:
 
 
 def test_a_forced_token_overrides_logit_bias_and_leaves_other_rows_alone():
-    torch.manual_seed(0)
-    logits = torch.randn(3, 50)
+    logits = np.random.default_rng(0).standard_normal((3, 50)).astype(np.float32)
     banned = [(7, -math.inf)]
     free = [sample_batch(logits[row:row + 1], [_sampler(seed=row)]).token_ids[0] for row in range(3)]
     result = sample_batch(logits, [_sampler(seed=0), _sampler(seed=1, logit_bias=banned), _sampler(seed=2)],
@@ -209,8 +208,8 @@ def test_a_forced_token_overrides_logit_bias_and_leaves_other_rows_alone():
 
 
 def test_a_grammar_that_forbids_the_forced_token_wins():
-    logits = torch.zeros(1, 20)
-    allowed = torch.zeros(1, 20, dtype=torch.bool)
+    logits = np.zeros((1, 20), dtype=np.float32)
+    allowed = np.zeros((1, 20), dtype=bool)
     allowed[0, 3] = True
     assert sample_batch(logits, [_sampler()], allowed_mask=allowed, forced=[9]).token_ids == [3]
     allowed[0, 9] = True

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -46,9 +47,20 @@ class WordTokenizer:
 TOKENIZER = WordTokenizer()
 
 
-def make_logits(rows: int, seed: int = 0, n_vocab: int = N_VOCAB) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn(rows, n_vocab, generator=generator) * 2.5
+def make_logits(rows: int, seed: int = 0, n_vocab: int = N_VOCAB) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal((rows, n_vocab)) * 2.5).astype(np.float32)
+
+
+def on_device(logits: np.ndarray, device: str):
+    """The logits as the sampler gets them: numpy, or a torch tensor on a GPU (a library user's)."""
+    return logits if device == "cpu" else torch.from_numpy(logits).to(device)
+
+
+def softmax64(logits: np.ndarray) -> np.ndarray:
+    """The float64 oracle of a softmax over the last axis (-inf entries get 0)."""
+    values = np.asarray(logits, dtype=np.float64)
+    weights = np.exp(values - values.max(axis=-1, keepdims=True))
+    return weights / weights.sum(axis=-1, keepdims=True)
 
 
 def make_sampler(params: SamplingParams, history: list[int] = (), choice_index: int = 0, **kwargs) -> SequenceSampler:
@@ -83,8 +95,8 @@ def generate(
     order = list(order) if order is not None else list(range(len(samplers)))
     generated: list[list[int]] = [[] for _ in samplers]
     for step in range(steps):
-        logits = make_logits(1 if same_logits else len(samplers), seed=100 + step).to(device)
-        logits = logits.expand(len(samplers), -1)
+        logits = make_logits(1 if same_logits else len(samplers), seed=100 + step)
+        logits = on_device(np.repeat(logits, len(samplers) // len(logits), axis=0), device)
         if batched:
             rows = order
             result = sample_batch(logits[rows], [samplers[r] for r in rows])
@@ -125,7 +137,7 @@ def test_same_seed_same_tokens_and_other_seeds_differ() -> None:
 
 def test_choices_of_one_request_differ() -> None:
     params = SamplingParams(seed=5, top_k=0, min_p=0.0, temperature=1.5)
-    logits = make_logits(1).repeat(2, 1)
+    logits = np.repeat(make_logits(1), 2, axis=0)
     tokens = set()
     for step in range(10):
         samplers = [make_sampler(params, choice_index=c) for c in range(2)]
@@ -135,11 +147,13 @@ def test_choices_of_one_request_differ() -> None:
     assert any(a != b for a, b in tokens)
 
 
-def test_input_logits_are_not_modified() -> None:
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["numpy", "torch"])
+def test_input_logits_are_not_modified(as_tensor: bool) -> None:
     logits = make_logits(3)
-    copy = logits.clone()
-    sample_batch(logits, [make_sampler(p) for p in VARIED_PARAMS[:3]])
-    assert torch.equal(logits, copy)
+    copy = logits.copy()
+    given = torch.from_numpy(logits) if as_tensor else logits  # a CPU tensor shares the array's memory
+    sample_batch(given, [make_sampler(p) for p in VARIED_PARAMS[:3]])
+    assert np.array_equal(logits, copy)
 
 
 def identity_params(**overrides) -> SamplingParams:
@@ -175,8 +189,8 @@ def test_disabled_samplers_are_identities(overrides) -> None:
     logits = make_logits(2)
     samplers = [make_sampler(identity_params(**overrides), HISTORY), make_sampler(SamplingParams(top_k=3), HISTORY)]
     out = run_chain(logits, samplers)
-    assert torch.equal(out[0], logits[0])
-    assert int(torch.isfinite(out[1]).sum()) == 3
+    assert np.array_equal(out[0], logits[0])
+    assert int(np.isfinite(out[1]).sum()) == 3
     assert all(name is None for name in samplers[0].program)
 
 
@@ -184,18 +198,18 @@ def test_a_row_without_a_sampler_is_untouched_by_it() -> None:
     logits = make_logits(3)
     params = [SamplingParams(top_k=5, top_p=1, min_p=0, temperature=1), identity_params(), SamplingParams(top_k=7, top_p=1, min_p=0, temperature=1)]
     out = run_chain(logits, [make_sampler(p) for p in params])
-    assert torch.isfinite(out).sum(dim=1).tolist() == [5, N_VOCAB, 7]
-    assert torch.equal(out[1], logits[1])
+    assert np.isfinite(out).sum(axis=1).tolist() == [5, N_VOCAB, 7]
+    assert np.array_equal(out[1], logits[1])
 
 
 def test_greedy_is_argmax() -> None:
     logits = make_logits(16)
     samplers = [make_sampler(SamplingParams(temperature=0.0, seed=s, repeat_penalty=1.0)) for s in range(16)]
-    assert sample_batch(logits, samplers).token_ids == logits.argmax(dim=1).tolist()
+    assert sample_batch(logits, samplers).token_ids == logits.argmax(axis=1).tolist()
 
 
 def test_greedy_ties_take_the_lowest_id() -> None:
-    logits = torch.zeros(1, 10)
+    logits = np.zeros((1, 10), dtype=np.float32)
     logits[0, [3, 7]] = 5.0
     assert sample_batch(logits, [make_sampler(SamplingParams(temperature=0.0))]).token_ids == [3]
 
@@ -203,7 +217,7 @@ def test_greedy_ties_take_the_lowest_id() -> None:
 def test_top_k_one_is_greedy() -> None:
     logits = make_logits(16)
     samplers = [make_sampler(SamplingParams(top_k=1, temperature=1.7, seed=s)) for s in range(16)]
-    assert sample_batch(logits, samplers).token_ids == logits.argmax(dim=1).tolist()
+    assert sample_batch(logits, samplers).token_ids == logits.argmax(axis=1).tolist()
 
 
 def test_logit_bias_false_bans_the_token() -> None:
@@ -224,7 +238,7 @@ def test_logit_bias_can_force_a_token() -> None:
 
 
 def test_ignore_eos_bans_every_eog_token() -> None:
-    logits = torch.zeros(1, 50)
+    logits = np.zeros((1, 50), dtype=np.float32)
     logits[0, [2, 3]] = 20.0
     params = SamplingParams(ignore_eos=True, temperature=0.0)
     sampler = SequenceSampler(params, n_ctx=64, eog_ids=frozenset({2, 3}))
@@ -235,7 +249,7 @@ def test_ignore_eos_bans_every_eog_token() -> None:
 
 def test_allowed_mask_restricts_the_draw() -> None:
     logits = make_logits(4)
-    allowed = torch.zeros(4, N_VOCAB, dtype=torch.bool)
+    allowed = np.zeros((4, N_VOCAB), dtype=bool)
     allowed[:, 100:110] = True
     allowed[3] = True  # a row without a grammar
     samplers = [make_sampler(SamplingParams(seed=s, temperature=2.0, top_k=0, min_p=0)) for s in range(4)]
@@ -275,7 +289,7 @@ def test_draws_follow_the_post_chain_distribution(params: SamplingParams) -> Non
     n_draws, n_vocab = 20_000, 64
     logits = make_logits(1, seed=3, n_vocab=n_vocab)
     sampler = SequenceSampler(params, n_ctx=64)
-    distribution = torch.softmax(run_chain(logits, [sampler]), dim=1)[0]
+    distribution = softmax64(run_chain(logits, [sampler]))[0]
     counts = [0] * n_vocab
     batch = 2000
     for start in range(0, n_draws, batch):
@@ -284,7 +298,7 @@ def test_draws_follow_the_post_chain_distribution(params: SamplingParams) -> Non
             s = SequenceSampler(params, n_ctx=64)
             s.n_generated = index  # each draw is a different generated-token index
             samplers.append(s)
-        for token in sample_batch(logits.expand(batch, n_vocab), samplers).token_ids:
+        for token in sample_batch(np.repeat(logits, batch, axis=0), samplers).token_ids:
             counts[token] += 1
     assert all(counts[t] == 0 for t in range(n_vocab) if distribution[t] == 0)
     statistic, dof = chi_square(counts, [float(p) * n_draws for p in distribution])
@@ -307,12 +321,12 @@ def test_xtc_coin_fires_with_its_probability() -> None:
 @pytest.mark.parametrize("version,tau", [(2, 3.0), (2, 4.0), (1, 4.0)])
 def test_mirostat_average_surprise_approaches_tau(version: int, tau: float) -> None:
     n_vocab = 1000
-    ranks = torch.arange(1, n_vocab + 1, dtype=torch.float64)
-    logits = (-1.1 * ranks.log()).float().unsqueeze(0)  # Zipf-like
+    ranks = np.arange(1, n_vocab + 1, dtype=np.float64)
+    logits = (-1.1 * np.log(ranks)).astype(np.float32)[None, :]  # Zipf-like
     sampler = SequenceSampler(SamplingParams(mirostat=version, mirostat_tau=tau, mirostat_eta=0.1, seed=1), n_ctx=8)
     surprises = []
     for _ in range(1500):
-        final = torch.softmax(run_chain(logits, [sampler]), dim=1)[0]
+        final = softmax64(run_chain(logits, [sampler]))[0]
         token = sample_batch(logits, [sampler]).token_ids[0]
         surprises.append(-math.log2(float(final[token])))
         sampler.accept(token)
@@ -337,11 +351,12 @@ def test_probs_before_sampling_are_the_raw_softmax() -> None:
     params = SamplingParams(seed=1, n_probs=5, temperature=0.0, logit_bias=[(0, 50.0)])
     result = sample_batch(logits, [make_sampler(params)])
     probs = result.probs[0]
-    raw = torch.softmax(logits[0], dim=0)
+    raw = softmax64(logits[0])
+    best = np.argsort(-logits[0], kind="stable")[:5]
     assert result.token_ids == [0]
     assert probs.chosen.token_id == 0 and probs.chosen.prob == pytest.approx(float(raw[0]), rel=1e-5)
-    assert [entry.token_id for entry in probs.top] == torch.topk(logits[0], 5).indices.tolist()
-    assert [entry.prob for entry in probs.top] == pytest.approx(torch.topk(raw, 5).values.tolist(), rel=1e-5)
+    assert [entry.token_id for entry in probs.top] == best.tolist()
+    assert [entry.prob for entry in probs.top] == pytest.approx(raw[best].tolist(), rel=1e-5)
     assert probs.top[0].logprob == pytest.approx(math.log(probs.top[0].prob), rel=1e-5)
     assert not probs.post_sampling
 
@@ -355,9 +370,33 @@ def test_post_sampling_probs_are_the_final_distribution() -> None:
     cold, warm = result.probs
     assert cold.chosen.prob == 1.0 and [(e.token_id, e.prob) for e in cold.top] == [(result.token_ids[0], 1.0)]
     assert len(warm.top) == 3
-    final = torch.softmax(torch.topk(logits[1], 3).values, dim=0).tolist()
+    final = softmax64(np.sort(logits[1])[::-1][:3]).tolist()
     assert [entry.prob for entry in warm.top] == pytest.approx(final, rel=1e-6)
     assert sum(entry.prob for entry in warm.top) == pytest.approx(1.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("post_sampling", [True, False])
+def test_probabilities_are_the_same_bits_alone_and_in_any_batch(post_sampling: bool) -> None:
+    """Rows keep candidate lists of different lengths (a batch pads them to the longest) or the
+    whole vocabulary (wider than truncation.SMALL_WIDTH); a row's sums must not depend on that."""
+    n_vocab = 8192
+    shared = dict(n_probs=8, post_sampling_probs=post_sampling, min_p=0.0, temperature=1.3)
+    params = [
+        SamplingParams(seed=1, top_k=5, top_p=0.9, **shared),
+        SamplingParams(seed=2, top_k=45, typical_p=0.9, **shared),
+        SamplingParams(seed=3, top_k=700, top_p=0.99, xtc_probability=1.0, xtc_threshold=0.01, **shared),
+        SamplingParams(seed=4, top_k=0, top_p=0.999, dynatemp_range=0.5, **shared),  # thousands of candidates
+        SamplingParams(seed=5, top_k=0, top_p=1.0, typical_p=0.999, **shared),  # the whole vocabulary
+        SamplingParams(seed=6, mirostat=2, mirostat_tau=6.0, **{**shared, "temperature": 1.0}),
+    ]
+    samplers = [make_sampler(p, HISTORY) for p in params]
+    logits = make_logits(len(params), seed=9, n_vocab=n_vocab)
+    batched = sample_batch(logits, samplers)
+    for order in ([2, 0], [5, 3, 1], [4]):
+        result = sample_batch(logits[order], [samplers[row] for row in order])
+        for position, row in enumerate(order):
+            assert result.token_ids[position] == batched.token_ids[row]
+            assert result.probs[position] == batched.probs[row], row  # every float compared exactly
 
 
 def test_rows_without_n_probs_get_none() -> None:

@@ -105,24 +105,31 @@ def vocab_size(case: dict) -> int:
 
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-DEVICE = "cpu"  # where input rows are made; the device tests switch it
+DEVICE = "cpu"  # where the rows given to the chain are; the device tests switch it
 
 
-def input_row(case: dict, n_vocab: int) -> torch.Tensor:
-    row = torch.full((1, n_vocab), -math.inf)
+def input_row(case: dict, n_vocab: int) -> np.ndarray:
+    row = np.full((1, n_vocab), -math.inf, dtype=np.float32)
     for token, logit in case["input"]:
         row[0, token] = f32(logit)
-    return row.to(DEVICE)
+    return row
 
 
-def finite_entries(row: torch.Tensor) -> dict[int, float]:
-    row = row.cpu()
-    ids = torch.isfinite(row[0]).nonzero().squeeze(1).tolist()
-    return dict(zip(ids, row[0, ids].tolist()))
+def given(row: np.ndarray):
+    """The row as the chain gets it: numpy, or a torch tensor on DEVICE (a library user's)."""
+    return row if DEVICE == "cpu" else torch.from_numpy(row).to(DEVICE)
 
 
-def softmax_of(row: torch.Tensor) -> dict[int, float]:
-    probs = torch.softmax(row[0].cpu(), dim=0)
+def finite_entries(row: np.ndarray) -> dict[int, float]:
+    ids = np.flatnonzero(np.isfinite(row[0]))
+    return dict(zip(ids.tolist(), row[0, ids].tolist()))
+
+
+def softmax_of(row: np.ndarray) -> dict[int, float]:
+    """The float64 softmax of the row's finite entries."""
+    values = row[0].astype(np.float64)
+    weights = np.exp(values - values.max())
+    probs = weights / weights.sum()
     return {token: float(probs[token]) for token in finite_entries(row)}
 
 
@@ -190,8 +197,8 @@ def make_sampler(case: dict, fields: dict, tokenizer=None) -> SequenceSampler:
 def compare_state(
     sampler: str,
     expected: list,
-    before: torch.Tensor,
-    after: torch.Tensor,
+    before: np.ndarray,
+    after: np.ndarray,
     *,
     cut_in_tie: bool,
     is_sorted: bool,
@@ -260,7 +267,7 @@ def check_single(case: dict, tokenizer=None) -> Outcome:
         return check_mirostat(case)
     else:
         row_sampler = make_sampler(case, step_params(sampler, p), tokenizer)
-        after = run_chain(before, [row_sampler])
+        after = run_chain(given(before), [row_sampler])
     problems, deviations = compare_state(
         sampler,
         case["output"],
@@ -274,12 +281,12 @@ def check_single(case: dict, tokenizer=None) -> Outcome:
     return Outcome(case["case"], "mismatch" if problems else "match", "; ".join(problems), deviations)
 
 
-def _dry_without_breakers(case: dict, before: torch.Tensor) -> torch.Tensor:
+def _dry_without_breakers(case: dict, before: np.ndarray) -> np.ndarray:
     # A request must name at least one breaker (as llama-server); the C API accepts none.
     p = case["params"]
     state = DryState(BreakerTable.from_sequences([]), p["multiplier"], p["base"], p["allowed_length"], p["penalty_last_n"])
     state.accept_many(case["history"])
-    after = before.clone()
+    after = before.copy()
     apply_dry(after, [0], [state])
     return after
 
@@ -290,17 +297,17 @@ def check_mirostat(case: dict) -> Outcome:
     row_sampler = make_sampler(case, step_params("mirostat_v2", p))
     problems = []
     for earlier in case.get("prior_results") or []:
-        survivors = len(finite_entries(run_chain(before, [row_sampler])))
+        survivors = len(finite_entries(run_chain(given(before), [row_sampler])))
         if survivors != earlier["size"]:
             problems.append(f"an earlier apply kept {survivors}, llama.cpp {earlier['size']}")
-        row_sampler.accept(sample_batch(before, [row_sampler]).token_ids[0])
-    after = run_chain(before, [row_sampler])
+        row_sampler.accept(sample_batch(given(before), [row_sampler]).token_ids[0])
+    after = run_chain(given(before), [row_sampler])
     found, deviations = compare_state(
         "mirostat_v2", case["output"], before, after, cut_in_tie=case["cut_in_tie"], is_sorted=True, writes_p=True
     )
     problems += found
     if not case["selected_rng_dependent"]:
-        token = sample_batch(before, [row_sampler]).token_ids[0]
+        token = sample_batch(given(before), [row_sampler]).token_ids[0]
         if token != case["output"][case["selected"]][0]:
             problems.append(f"drew {token}, llama.cpp selected {case['output'][case['selected']][0]}")
     return Outcome(case["case"], "mismatch" if problems else "match", "; ".join(problems), deviations)
@@ -354,11 +361,11 @@ def _offset_before(case: dict, index: int) -> int:
     return case["trace"][index - 1]["data_offset"] if index > 0 else 0
 
 
-def _chain_states_merged(case: dict, fields: dict, before: torch.Tensor, tokenizer=None) -> list[torch.Tensor]:
+def _chain_states_merged(case: dict, fields: dict, before: np.ndarray, tokenizer=None) -> list[np.ndarray]:
     """Run the chain once; snapshot the row after each step (a step that did not run: unchanged)."""
     row_sampler = make_sampler(case, fields, tokenizer)
-    snapshots: dict[str, torch.Tensor] = {}
-    run_chain(before, [row_sampler], on_step=lambda name, rows, logits: snapshots.__setitem__(name, logits.clone()))
+    snapshots: dict[str, np.ndarray] = {}
+    run_chain(given(before), [row_sampler], on_step=lambda name, rows, logits: snapshots.__setitem__(name, logits.copy()))
     states, current = [], before
     for step in case["params"]["steps"]:
         current = snapshots.get(STEP_NAMES.get(step["sampler"], step["sampler"]), current)
@@ -366,11 +373,11 @@ def _chain_states_merged(case: dict, fields: dict, before: torch.Tensor, tokeniz
     return states
 
 
-def _chain_states_stepwise(case: dict, before: torch.Tensor, tokenizer=None) -> list[torch.Tensor]:
+def _chain_states_stepwise(case: dict, before: np.ndarray, tokenizer=None) -> list[np.ndarray]:
     """Each step with its own parameters on the previous step's output."""
     states, current = [], before
     for step in case["params"]["steps"]:
-        current = run_chain(current, [make_sampler(case, step_params(step["sampler"], step["params"]), tokenizer)])
+        current = run_chain(given(current), [make_sampler(case, step_params(step["sampler"], step["params"]), tokenizer)])
         states.append(current)
     return states
 
@@ -443,7 +450,7 @@ def test_dry_cases_with_the_real_vocabulary(smollm2_path) -> None:
 def test_known_deviations_follow_the_fixed_semantics(case_id: str) -> None:
     case = next(c for c in CASES if c["case"] == case_id)
     before = input_row(case, vocab_size(case))
-    after = run_chain(before, [make_sampler(case, step_params(case["sampler"], case["params"]))])
+    after = run_chain(given(before), [make_sampler(case, step_params(case["sampler"], case["params"]))])
     got = finite_entries(after)
     expected = FIXED_SEMANTICS[case["sampler"]](case, finite_entries(before))
     assert set(got) == set(expected)

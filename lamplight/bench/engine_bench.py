@@ -132,12 +132,12 @@ def run_engine_bench(model_spec: str | None, paths: list[str], batches: list[int
 
 def sampler_chain_ms(batches: list[int]) -> dict[int, float]:
     """ms per step of the sampler chain with every sampler on (synthetic 49152-token vocabulary)."""
-    from ..sampling.bench import ALL_ON, N_VOCAB, SyntheticTokenizer, make_samplers, time_steps
+    from ..sampling.bench import ALL_ON, SyntheticTokenizer, make_samplers, random_logits, time_steps
 
     tokenizer = SyntheticTokenizer()
     out = {}
     for batch in batches:
-        logits = torch.randn(batch, N_VOCAB, generator=torch.Generator().manual_seed(batch)) * 3
+        logits = random_logits(batch, seed=batch)
         out[batch] = time_steps(make_samplers(ALL_ON, batch, tokenizer), logits, 3)
     return out
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from ..models.batch import SequenceChunk
 from ..runner.base import ModelRunner
+from ..sampling.arrays import as_logits
 from ..speculative.config import DRAFT_MODEL_KIND, DraftModelSizes
 from ..state.kv import KVType
 from .config import CACHE_TYPES, EngineConfig
@@ -145,7 +146,7 @@ class DraftModel:
                     last.append(job)
             if not chunks:
                 return drafting
-            logits = self.runner.run(chunks, self.state)
+            logits = as_logits(self.runner.run(chunks, self.state))
             drafting.extend(job for i, job in enumerate(last) if self._take(job, logits[i]))
 
     def _draft_step(self, jobs: list[_Job]) -> list[_Job]:
@@ -157,23 +158,27 @@ class DraftModel:
             chunks.append(SequenceChunk([token], pos, job.read.table.slots(0, pos + 1)))
             job.read.tokens.append(token)
             job.read.table.num_tokens = pos + 1
-        logits = self.runner.run(chunks, self.state)
+        logits = as_logits(self.runner.run(chunks, self.state))
         return [job for i, job in enumerate(jobs) if self._take(job, logits[i])]
 
-    def _take(self, job: _Job, logits: torch.Tensor) -> bool:
-        """Draft the likeliest token of `logits` unless its probability among the TOP_K likeliest
-        is under p_min or the model has no such token; whether the job may draft another."""
-        if self.sizes.p_min > 0:
-            top = torch.topk(logits.float(), min(TOP_K, logits.shape[-1]))
-            token = int(top.indices[0])
-            if float(torch.softmax(top.values, dim=-1)[0]) < self.sizes.p_min:
-                return False
-        else:  # the likeliest token is all it takes (numpy's argmax: a tenth of topk's time)
-            token = int(logits.float().numpy().argmax()) if logits.device.type == "cpu" else int(logits.argmax())
+    def _take(self, job: _Job, logits: np.ndarray) -> bool:
+        """Draft the likeliest token of `logits` (a row) unless its probability among the TOP_K
+        likeliest is under p_min or the model has no such token; whether the job may draft another."""
+        token = int(logits.argmax())
+        if self.sizes.p_min > 0 and _share_among_the_best(logits, token) < self.sizes.p_min:
+            return False
         if token >= self.target_vocab:
             return False
         job.draft.append(token)
         return len(job.draft) < job.limit
+
+
+def _share_among_the_best(logits: np.ndarray, token: int) -> float:
+    """The probability of `token`, the likeliest, in the softmax of the TOP_K largest logits."""
+    k = min(TOP_K, logits.shape[-1])
+    best = np.partition(logits, logits.shape[-1] - k)[-k:].astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return float(1.0 / np.exp(best - logits[token]).sum())
 
 
 def new_draft_model(runner: ModelRunner, num_tokens: int, cfg: EngineConfig, target_vocab: int) -> DraftModel:

@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Callable
 
+import numpy as np
 import torch
 
 from ..grammar import fill_masks
@@ -33,6 +34,7 @@ from ..models.batch import SequenceChunk
 from ..models.lora import LoraAdapter
 from ..runner.base import ModelRunner
 from ..sampling import SequenceSampler, sample_batch
+from ..sampling.arrays import as_logits
 from ..speculative import SpecRequest, SpeculatorFactory
 from ..speculative.config import types_text
 from . import slot_actions, views
@@ -429,6 +431,8 @@ class Engine:
         decode_only = all(seq.state == SeqState.DECODE for seq, _ in plan)
         self.lora_sets.use(plan[0][0].handle.lora_key)
         plan, logits = self._forward(plan)
+        if logits is not None:
+            logits = as_logits(logits)  # what the sampler takes: numpy on the CPU, converted once a step
         self.stats["steps"] += 1
         if self.checkpoints is not None:
             self._keep_checkpoints(plan)
@@ -570,7 +574,7 @@ class Engine:
         self._step_drafts = (n_decode, used > 0, model_seconds)
         return used
 
-    def _verify(self, seq: Sequence, logits: torch.Tensor) -> None:
+    def _verify(self, seq: Sequence, logits: np.ndarray) -> None:
         """Sample `seq`'s decode row and its draft's rows in order, as decoding would, one token
         each, until a sampled token differs from the draft (it is kept: the model's own token)
         or the sequence ends; the K/V of the rows after that is dropped."""
@@ -698,7 +702,7 @@ class Engine:
             elapsed = (time.perf_counter() - seq.t_prompt_start) * 1e3
             handle._push(PromptProgress(seq.choice, seq.n_prompt, seq.n_cached, seq.table.num_tokens, elapsed))
 
-    def _sample_and_process(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    def _sample_and_process(self, logits: np.ndarray, seqs: list[Sequence]) -> None:
         try:
             tokens, probs = self._sample(logits, seqs)
         except Exception:
@@ -716,11 +720,9 @@ class Engine:
                 self.stats["generated_tokens"] += 1
                 seq.handle._push(event)
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list]:
+    def _sample(self, logits: np.ndarray, seqs: list[Sequence]) -> tuple[list[int], list]:
         # Grammar masks go before the whole chain, so every sampler chooses among allowed tokens.
         masks = fill_masks([s.grammar for s in seqs], logits.shape[-1])
-        if masks is not None:
-            masks = masks.to(logits.device)
         forced = [s.forced_token() for s in seqs]  # the reasoning budget closing a thinking block
         result = sample_batch(logits, [s.sampler for s in seqs], allowed_mask=masks,
                               forced=forced if any(t is not None for t in forced) else None)

@@ -6,7 +6,6 @@ import threading
 
 import llguidance
 import numpy as np
-import torch
 
 from .vocabulary import Vocabulary
 
@@ -31,9 +30,9 @@ class GrammarMatcher:
         self._matcher = matcher
         self.vocabulary = vocabulary
 
-    def fill_mask(self, out_row: torch.Tensor) -> None:
+    def fill_mask(self, out_row: np.ndarray) -> None:
         """True where the token may come next; end-of-generation ids only where complete."""
-        out_row.copy_(fill_masks([self], out_row.shape[-1])[0])
+        out_row[...] = fill_masks([self], out_row.shape[-1])[0]
 
     def accept(self, token_id: int) -> bool:
         """Advance by the sampled token; False (state unchanged for EOG) if it was not allowed."""
@@ -74,8 +73,8 @@ def _shared_executor() -> llguidance.LLExecutor:
         return _executor
 
 
-def fill_masks(matchers: list[GrammarMatcher | None], n_vocab: int) -> torch.Tensor | None:
-    """[B, n_vocab] bool, True = allowed. Rows without a grammar are all True; ids the
+def fill_masks(matchers: list[GrammarMatcher | None], n_vocab: int) -> np.ndarray | None:
+    """[B, n_vocab] numpy bool, True = allowed. Rows without a grammar are all True; ids the
     tokenizer does not have (model vocabularies can be padded) are False in constrained rows.
     None when no row has a grammar."""
     rows = [(i, m) for i, m in enumerate(matchers) if m is not None]
@@ -92,7 +91,7 @@ def fill_masks(matchers: list[GrammarMatcher | None], n_vocab: int) -> torch.Ten
     for index, matcher in enumerate(matchers):
         if matcher is None:
             allowed[index] = 1
-    return torch.from_numpy(allowed).view(torch.bool)
+    return allowed.view(np.bool_)  # unpackbits' 0/1 bytes are bools as they are
 
 
 _buffers = threading.local()

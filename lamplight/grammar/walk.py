@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 from .matcher import CompiledGrammar, GrammarMatcher, fill_masks
 from .vocabulary import Vocabulary
@@ -56,12 +56,12 @@ def choose_token(matcher: GrammarMatcher, rng: random.Random, closing: frozenset
     return pick_token(mask, matcher.vocabulary, rng, closing)
 
 
-def pick_token(mask: torch.Tensor, vocabulary: Vocabulary, rng: random.Random,
+def pick_token(mask: np.ndarray, vocabulary: Vocabulary, rng: random.Random,
                closing: frozenset[int], end_bias: float = 0.7) -> int:
     """A random allowed token from a mask row (modified in place)."""
     eog = [t for t in vocabulary.eog_ids if mask[t]]
     mask[list(vocabulary.eog_ids)] = False
-    text = mask.nonzero().flatten()
+    text = np.flatnonzero(mask)
     if not eog and not len(text):
         raise AssertionError("the mask allows nothing")
     if eog and (not len(text) or rng.random() < end_bias):

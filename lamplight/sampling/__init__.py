@@ -1,4 +1,4 @@
-"""llama.cpp's sampler chain, batch-first, in PyTorch (CPU or CUDA).
+"""llama.cpp's sampler chain, batch-first, in numpy (never importing torch, whatever the backend).
 
 The engine's whole interface:
 
@@ -6,7 +6,7 @@ The engine's whole interface:
     params.validate()                                   # ValueError("<field>: <reason>")
     sampler = SequenceSampler(params, tokenizer=tok, n_ctx=slot_ctx, choice_index=i, eog_ids=eogs)
     sampler.accept_many(prompt_ids)                     # history for penalties / DRY
-    result = sample_batch(logits, [sampler, ...], allowed_mask=None, forced=None)   # logits: [B, V]
+    result = sample_batch(logits, [sampler, ...], allowed_mask=None, forced=None)   # logits: [B, V] numpy
     sampler.accept(result.token_ids[row])               # the engine, once it keeps the token
     result.probs[row]                                   # TokenProbs when params.n_probs > 0
 
@@ -20,9 +20,13 @@ temperature) -> the draw. With mirostat 1/2 the list is replaced by temperature 
 Temperature <= 0 keeps only the best token at the temperature step (greedy). dynatemp_range > 0
 makes the temperature step llama.cpp's temp_ext.
 
-Batching: each step runs once for all the rows that use it, with per-row parameter tensors;
+Arrays: `logits` is a float array (any float dtype; a torch tensor, on any device, is converted
+with `.detach().float().cpu().numpy()` without importing torch), `allowed_mask` a bool array
+(lamplight.grammar.fill_masks makes one); run_chain returns a new float32 array.
+
+Batching: each step runs once for all the rows that use it, with per-row parameter arrays;
 a sampler no row uses is skipped, and a sampler a row's parameters disable is an identity for
-that row. Candidates are never dropped from the [B, V] tensor: a removed token's logit is -inf.
+that row. Candidates are never dropped from the [B, V] array: a removed token's logit is -inf.
 After a top_k the chain remembers each row's candidate ids, so the later samplers work on
 [B, k] gathers instead of the vocabulary (truncation.Hint). Only DRY's match search and the
 penalty counts run per row in Python, on incremental state.
@@ -31,16 +35,17 @@ Randomness: no shared generator. The draw and XTC's coin use counter_uniform(see
 generated tokens, choice index, purpose), so a seed gives the same tokens whatever else is in the
 batch and whichever row it is in. The draw is an inverse-CDF over the final distribution in
 vocabulary order. Equal logits are ordered by ascending token id wherever order decides (top_k,
-top_p, typical, min_keep, XTC, greedy), so results do not depend on the sort algorithm. (Kernels
-on differently shaped batches may round a probability differently in the last bit; that flips a
-token only when a uniform falls within ~1e-7 of a CDF boundary. The model's own logits vary more
-with the batch than that.)
+top_p, typical, min_keep, XTC, greedy), so results do not depend on the sort algorithm. Every
+per-row sum is computed the same way for a row alone or in any batch (lamplight.sampling.
+reductions and .draw), so a row's probabilities and token are the same bits whatever shares its
+step.
 
 Modules: params (SamplingParams, parse_samplers, effective_seed), sequence (SequenceSampler),
 chain (run_chain, sample_batch), reasoning_budget (`--reasoning-budget N`'s per-sequence state
 machine: which token, if any, a step must produce), logit_bias, penalties, dry, truncation
 (top_k, top_p, min_p, typical, top_n_sigma), xtc, temperature (incl. dynatemp), mirostat,
-probs (n_probs), rng, bench (`python -m lamplight.sampling.bench`).
+probs (n_probs), rng, draw (the inverse-CDF draw), reductions (reproducible per-row sums),
+arrays (what the chain accepts), bench (`python -m lamplight.sampling.bench`).
 
 Where this differs from llama.cpp on purpose (llama.cpp keeps -inf candidates in its array):
 * a forced token (reasoning budget) overrides logit_bias; llama.cpp runs its budget sampler

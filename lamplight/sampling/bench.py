@@ -1,7 +1,7 @@
-"""Micro-benchmark of the sampler chain: `python -m lamplight.sampling.bench [--device cuda]`.
+"""Micro-benchmark of the sampler chain: `python -m lamplight.sampling.bench`.
 
-Times `sample_batch` on random [B, 49152] logits with every sampler on (penalties, DRY,
-top_n_sigma, top_k, typical, top_p, min_p, XTC, dynamic temperature, logit_bias, n_probs),
+Times `sample_batch` on random [B, 49152] float32 numpy logits with every sampler on (penalties,
+DRY, top_n_sigma, top_k, typical, top_p, min_p, XTC, dynamic temperature, logit_bias, n_probs),
 then the llama.cpp defaults, and prints milliseconds per step and a per-step breakdown.
 """
 
@@ -11,7 +11,7 @@ import argparse
 import time
 from collections import defaultdict
 
-import torch
+import numpy as np
 
 from .chain import run_chain, sample_batch
 from .params import SamplingParams
@@ -60,48 +60,43 @@ DEFAULTS = SamplingParams()
 
 
 def make_samplers(params: SamplingParams, batch: int, tokenizer: SyntheticTokenizer) -> list[SequenceSampler]:
-    generator = torch.Generator().manual_seed(0)
+    generator = np.random.default_rng(0)
     samplers = []
     for row in range(batch):
         sampler = SequenceSampler(
             SamplingParams(**{**params.__dict__, "seed": row}), tokenizer=tokenizer, n_ctx=4096
         )
         # A repetitive history, so that penalties and DRY have work to do.
-        phrase = torch.randint(0, N_VOCAB, (50,), generator=generator).tolist()
+        phrase = generator.integers(0, N_VOCAB, 50).tolist()
         sampler.accept_many((phrase * (HISTORY_LENGTH // 50 + 1))[:HISTORY_LENGTH])
         samplers.append(sampler)
     return samplers
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def random_logits(batch: int, seed: int) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal((batch, N_VOCAB)) * 3).astype(np.float32)
 
 
-def time_steps(samplers: list[SequenceSampler], logits: torch.Tensor, iterations: int) -> float:
+def time_steps(samplers: list[SequenceSampler], logits: np.ndarray, iterations: int) -> float:
     """Milliseconds per sample_batch call, accepting the drawn tokens as an engine would."""
     for _ in range(2):  # warm-up
         sample_batch(logits, samplers)
-    synchronize(logits.device)
     start = time.perf_counter()
     for _ in range(iterations):
         result = sample_batch(logits, samplers)
         for sampler, token in zip(samplers, result.token_ids):
             sampler.accept(token)
-    synchronize(logits.device)
     return (time.perf_counter() - start) * 1000 / iterations
 
 
-def step_breakdown(samplers: list[SequenceSampler], logits: torch.Tensor, iterations: int) -> dict[str, float]:
+def step_breakdown(samplers: list[SequenceSampler], logits: np.ndarray, iterations: int) -> dict[str, float]:
     """Milliseconds per call spent in each chain step (the draw and probs are the remainder)."""
     totals: dict[str, float] = defaultdict(float)
     for _ in range(iterations):
-        synchronize(logits.device)
         last = time.perf_counter()
 
-        def observe(name: str, rows: list[int], work: torch.Tensor) -> None:
+        def observe(name: str, rows: list[int], work: np.ndarray) -> None:
             nonlocal last
-            synchronize(work.device)
             now = time.perf_counter()
             totals[name] += (now - last) * 1000 / iterations
             last = now
@@ -112,26 +107,22 @@ def step_breakdown(samplers: list[SequenceSampler], logits: torch.Tensor, iterat
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu")
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--iterations", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is steadiest on a shared machine)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
     tokenizer = SyntheticTokenizer()
     started = time.perf_counter()
     SequenceSampler(ALL_ON, tokenizer=tokenizer, n_ctx=4096)  # build DRY's breaker table once
     print(f"DRY breaker table for {N_VOCAB} tokens: {(time.perf_counter() - started) * 1000:.0f} ms (once per tokenizer)")
-    print(f"device {device}, vocab {N_VOCAB}, torch threads {torch.get_num_threads()}, {args.iterations} iterations")
+    print(f"numpy {np.__version__}, vocab {N_VOCAB}, {args.iterations} iterations")
     for label, params in (("all samplers on", ALL_ON), ("llama.cpp defaults", DEFAULTS)):
         for batch in (int(b) for b in args.batches.split(",")):
-            logits = (torch.randn(batch, N_VOCAB, generator=torch.Generator().manual_seed(batch)) * 3).to(device)
+            logits = random_logits(batch, seed=batch)
             samplers = make_samplers(params, batch, tokenizer)
             ms = time_steps(samplers, logits, args.iterations)
             print(f"{label:20s} batch {batch:3d}: {ms:8.2f} ms/step  ({ms / batch:6.3f} ms per row)")
     batch = max(int(b) for b in args.batches.split(","))
-    logits = (torch.randn(batch, N_VOCAB) * 3).to(device)
+    logits = random_logits(batch, seed=batch + 1)
     breakdown = step_breakdown(make_samplers(ALL_ON, batch, tokenizer), logits, args.iterations)
     print(f"chain steps, all samplers on, batch {batch} (ms/step): " + ", ".join(f"{k} {v:.2f}" for k, v in breakdown.items()))
 

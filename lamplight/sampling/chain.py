@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-import torch
 
 from . import mirostat, temperature, truncation
+from .arrays import as_logits, as_mask
+from .draw import draw_from_lists, draw_from_row
 from .dry import apply_dry
 from .logit_bias import apply_logit_bias
 from .penalties import apply_penalties
@@ -22,8 +24,13 @@ logger = logging.getLogger(__name__)
 
 NEG_INF = float("-inf")
 
-# Called after each step with the step's name, the rows it ran on and the whole logits tensor.
-StepObserver = Callable[[str, list[int], torch.Tensor], None]
+# Called after each step with the step's name, the rows it ran on and the whole logits array.
+StepObserver = Callable[[str, list[int], np.ndarray], None]
+
+
+def _quiet_float_errors() -> np.errstate:
+    """-inf - -inf, log(0) and 0/0 are expected on rows without candidates: no warnings."""
+    return np.errstate(invalid="ignore", divide="ignore", over="ignore")
 
 
 @dataclass
@@ -33,13 +40,14 @@ class SampleResult:
 
 
 def sample_batch(
-    logits: torch.Tensor,
+    logits: Any,
     samplers: Sequence[SequenceSampler],
-    allowed_mask: torch.Tensor | None = None,
+    allowed_mask: Any = None,
     forced: Sequence[int | None] | None = None,
 ) -> SampleResult:
     """Sample one token per row of `logits` [B, V], row i with `samplers[i]`.
 
+    `logits`: a numpy float array (a torch tensor is converted, see arrays.as_logits).
     `allowed_mask` [B, V] (bool, optional) comes from a grammar: False entries are removed before
     the chain. `forced` (optional, one entry per row): a token the row must produce (the
     reasoning budget closing a thinking block, lamplight.sampling.reasoning_budget), or None.
@@ -48,59 +56,56 @@ def sample_batch(
     its uniform numbers as any step does. The samplers' state is not advanced: the engine calls
     `accept(token)` on each row's SequenceSampler once it keeps the token.
     """
-    if logits.dim() != 2 or logits.shape[0] != len(samplers):
+    logits, allowed_mask = as_logits(logits), as_mask(allowed_mask)
+    if logits.ndim != 2 or logits.shape[0] != len(samplers):
         raise ValueError(f"logits must be [len(samplers), n_vocab], got {tuple(logits.shape)}")
     if not samplers:
         return SampleResult([], [])
     forced_rows = _forced_rows(forced, allowed_mask, len(samplers))
-    if all(sampler.plain_greedy for sampler in samplers):
-        tokens = _best_tokens(logits, samplers, allowed_mask, forced_rows)
-        if tokens is not None:
-            return SampleResult(tokens, [None] * len(samplers))
-    state = _run_chain(logits, samplers, allowed_mask, forced=forced_rows)
-    distribution = _FinalDistribution.of(state)
-    tokens = distribution.draw([s.draw_uniform() for s in samplers])
-    tokens = _fallback_for_empty_rows(tokens, distribution, logits, allowed_mask)
-    for row, token in forced_rows.items():
-        tokens[row] = token  # the chain keeps it as the only candidate; this makes it certain
-    _propose_mirostat_mu(distribution, tokens, samplers)
-    return SampleResult(tokens, _token_probs(logits, distribution, tokens, samplers))
+    with _quiet_float_errors():
+        if all(sampler.plain_greedy for sampler in samplers):
+            tokens = _best_tokens(logits, samplers, allowed_mask, forced_rows)
+            if tokens is not None:
+                return SampleResult(tokens, [None] * len(samplers))
+        state = _run_chain(logits, samplers, allowed_mask, forced=forced_rows)
+        distribution = _FinalDistribution.drawn(state, [s.draw_uniform() for s in samplers])
+        tokens = _fallback_for_empty_rows(distribution.tokens, distribution, logits, allowed_mask)
+        for row, token in forced_rows.items():
+            tokens[row] = token  # the chain keeps it as the only candidate; this makes it certain
+        _propose_mirostat_mu(distribution, tokens, samplers)
+        return SampleResult(tokens, _token_probs(logits, distribution, tokens, samplers))
 
 
-def _best_tokens(logits: torch.Tensor, samplers: Sequence[SequenceSampler], allowed_mask: torch.Tensor | None,
+def _best_tokens(logits: np.ndarray, samplers: Sequence[SequenceSampler], allowed_mask: np.ndarray | None,
                  forced: dict[int, int]) -> list[int] | None:
     """Rows that are all plain greedy (SequenceSampler.plain_greedy): the chain would keep each
     row's best candidate after the mask, logit_bias and forced tokens, and the draw would pick it
     (the lowest id among equal maxima, as the greedy step keeps), so that is computed directly.
     None if a row has no candidate left (the chain's fallback decides)."""
     work = _constrained(logits, samplers, allowed_mask, forced)
-    if work.device.type == "cpu":  # numpy's argmax: a tenth of torch's max over a vocabulary row
-        values = work.numpy()
-        tokens = values.argmax(axis=1)  # the first of equal maxima; a NaN wins, and is caught below
-        best = values[np.arange(len(tokens)), tokens]
-        if bool(np.isneginf(best).any()) or bool(np.isnan(best).any()):
-            return None
-        return tokens.tolist()
-    best, tokens = work.max(dim=1)
-    if bool((best == NEG_INF).any()) or bool(torch.isnan(best).any()):
+    tokens = work.argmax(axis=1)  # the first of equal maxima; a NaN wins, and is caught below
+    best = work[np.arange(len(tokens)), tokens]
+    if bool(np.isneginf(best).any()) or bool(np.isnan(best).any()):
         return None
     return tokens.tolist()
 
 
 def run_chain(
-    logits: torch.Tensor,
+    logits: Any,
     samplers: Sequence[SequenceSampler],
-    allowed_mask: torch.Tensor | None = None,
+    allowed_mask: Any = None,
     on_step: StepObserver | None = None,
     forced: Sequence[int | None] | None = None,
-) -> torch.Tensor:
-    """The logits the draw samples from: a new float32 tensor, removed candidates at -inf."""
+) -> np.ndarray:
+    """The logits the draw samples from: a new float32 array, removed candidates at -inf."""
+    logits, allowed_mask = as_logits(logits), as_mask(allowed_mask)
     forced_rows = _forced_rows(forced, allowed_mask, len(samplers))
-    return _run_chain(logits, samplers, allowed_mask, on_step, forced_rows).work
+    with _quiet_float_errors():
+        return _run_chain(logits, samplers, allowed_mask, on_step, forced_rows).work
 
 
 def _forced_rows(
-    forced: Sequence[int | None] | None, allowed_mask: torch.Tensor | None, n_rows: int
+    forced: Sequence[int | None] | None, allowed_mask: np.ndarray | None, n_rows: int
 ) -> dict[int, int]:
     """{row: token} of the rows that produce a forced token (those whose grammar allows it)."""
     if forced is None:
@@ -115,9 +120,9 @@ def _forced_rows(
 
 
 def _run_chain(
-    logits: torch.Tensor,
+    logits: np.ndarray,
     samplers: Sequence[SequenceSampler],
-    allowed_mask: torch.Tensor | None,
+    allowed_mask: np.ndarray | None,
     on_step: StepObserver | None = None,
     forced: dict[int, int] | None = None,
 ) -> _ChainState:
@@ -131,11 +136,11 @@ def _run_chain(
     return state
 
 
-def _constrained(logits: torch.Tensor, samplers: Sequence[SequenceSampler], allowed_mask: torch.Tensor | None,
-                 forced: dict[int, int] | None, on_step: StepObserver | None = None) -> torch.Tensor:
-    """What every row's samplers start from: a float32 copy of the logits with the grammar mask,
-    logit_bias and forced tokens applied."""
-    work = logits.detach().to(torch.float32, copy=True)
+def _constrained(logits: np.ndarray, samplers: Sequence[SequenceSampler], allowed_mask: np.ndarray | None,
+                 forced: dict[int, int] | None, on_step: StepObserver | None = None) -> np.ndarray:
+    """What every row's samplers start from: a float32 copy of the logits (C order: every row
+    contiguous) with the grammar mask, logit_bias and forced tokens applied."""
+    work = np.array(logits, dtype=np.float32, order="C")
     if allowed_mask is not None:
         truncation.keep_only(work, allowed_mask)
     biased = [row for row, sampler in enumerate(samplers) if sampler.logit_bias]
@@ -150,13 +155,12 @@ def _constrained(logits: torch.Tensor, samplers: Sequence[SequenceSampler], allo
     return work
 
 
-def _keep_only_forced(work: torch.Tensor, forced: dict[int, int]) -> None:
+def _keep_only_forced(work: np.ndarray, forced: dict[int, int]) -> None:
     """Each forced row keeps its token alone, at logit 0 (whatever its logit or bias was), so
     every later sampler keeps it and the draw picks it."""
-    rows = torch.tensor(list(forced), device=work.device)
-    tokens = torch.tensor(list(forced.values()), device=work.device)
+    rows = np.asarray(list(forced))
     work[rows] = NEG_INF
-    work[rows, tokens] = 0.0
+    work[rows, np.asarray(list(forced.values()))] = 0.0
 
 
 def _rows_by_step(samplers: Sequence[SequenceSampler], position: int) -> dict[str, list[int]]:
@@ -172,28 +176,26 @@ class _ChainState:
     """What the steps learn about the rows' candidates: an upper bound on how many each row has
     and, after a top_k, a list of ids per row that covers all of them."""
 
-    def __init__(self, work: torch.Tensor, n_rows: int) -> None:
+    def __init__(self, work: np.ndarray, n_rows: int) -> None:
         self.work = work
         self.bounds = [work.shape[1]] * n_rows
-        self.candidate_ids: torch.Tensor | None = None  # [n_rows, w]; valid for covered rows
+        self.candidate_ids: np.ndarray | None = None  # [n_rows, w]; valid for covered rows
         self.covered = [False] * n_rows
 
-    def cover(self, rows: list[int], ids: torch.Tensor | None) -> None:
-        if ids is None:
-            return
+    def cover(self, rows: list[int], ids: np.ndarray) -> None:
         if self.candidate_ids is None or self.candidate_ids.shape[1] != ids.shape[1]:
-            self.candidate_ids = torch.zeros(len(self.covered), ids.shape[1], dtype=ids.dtype, device=ids.device)
+            self.candidate_ids = np.zeros((len(self.covered), ids.shape[1]), dtype=ids.dtype)
             self.covered = [False] * len(self.covered)
-        self.candidate_ids[torch.tensor(rows, device=ids.device)] = ids
+        self.candidate_ids[rows] = ids
         for row in rows:
             self.covered[row] = True
 
-    def candidates_for(self, rows: list[int]) -> torch.Tensor | None:
+    def candidates_for(self, rows: list[int]) -> np.ndarray | None:
         if self.candidate_ids is None or not all(self.covered[row] for row in rows):
             return None
         if len(rows) == len(self.covered):
             return self.candidate_ids
-        return self.candidate_ids[torch.tensor(rows, device=self.work.device)]
+        return self.candidate_ids[rows]
 
 
 @dataclass
@@ -205,7 +207,7 @@ class _Group:
     samplers: list[SequenceSampler]
 
     @property
-    def work(self) -> torch.Tensor:
+    def work(self) -> np.ndarray:
         return self.state.work
 
     def params(self, name: str) -> list:
@@ -215,42 +217,45 @@ class _Group:
         rows = [row for row, k in zip(self.rows, keep) if k]
         return _Group(self.state, rows, [s for s, k in zip(self.samplers, keep) if k])
 
-    def split_by_coverage(self) -> list[_Group]:
-        """Rows with a candidate list and rows without, as separate groups (empty ones left out)."""
+    def routes(self) -> list[tuple[_Group, truncation.Hint]]:
+        """These rows split by how a filter handles them, each part with where its candidates
+        are. Rows with a candidate list (top_k's ids) and rows with at most SMALL_WIDTH
+        candidates (a bound on them) work on sorted candidate lists; rows with more, on the
+        whole vocabulary. Which of the two a row takes depends on the row alone, never on the
+        rows beside it, so its sums are the ones it gets alone (see reductions). Empty parts are
+        left out."""
         covered = [self.state.covered[row] for row in self.rows]
-        groups = [self.subset(covered), self.subset([not c for c in covered])]
-        return [group for group in groups if group.rows]
+        listed, rest = self.subset(covered), self.subset([not c for c in covered])
+        parts = []
+        if listed.rows:
+            parts.append((listed, truncation.Hint(ids=self.state.candidates_for(listed.rows))))
+        rest.count_wide_rows()
+        few = [self.state.bounds[row] <= SMALL_WIDTH for row in rest.rows]
+        for part in (rest.subset(few), rest.subset([not f for f in few])):
+            if part.rows:
+                parts.append((part, truncation.Hint(width=max(self.state.bounds[row] for row in part.rows))))
+        return parts
 
-    def hint(self) -> truncation.Hint:
-        """Where these rows' candidates are; counts them (one pass) when nothing better is known."""
-        ids = self.state.candidates_for(self.rows)
-        if ids is not None:
-            return truncation.Hint(ids=ids)
-        width = max(self.state.bounds[row] for row in self.rows)
-        if width > SMALL_WIDTH:
-            counts = count_candidates(self._rows_view()).tolist()
-            self.limit(counts)
-            width = max(self.state.bounds[row] for row in self.rows)
-        return truncation.Hint(width=width)
+    def count_wide_rows(self) -> None:
+        """A bound above SMALL_WIDTH becomes the row's exact number of candidates (one pass)."""
+        wide = [row for row in self.rows if self.state.bounds[row] > SMALL_WIDTH]
+        if wide:
+            rows = self.work if len(wide) == self.work.shape[0] else self.work[wide]
+            for row, count in zip(wide, count_candidates(rows).tolist()):
+                self.state.bounds[row] = max(min(self.state.bounds[row], count), 1)
 
     def limit(self, bounds: Sequence[int]) -> None:
         for row, bound in zip(self.rows, bounds):
             self.state.bounds[row] = min(self.state.bounds[row], max(bound, 1))
 
-    def apply(self, operation: Callable[[torch.Tensor], object]) -> object:
+    def apply(self, operation: Callable[[np.ndarray], object]) -> object:
         """Run an in-place [rows, V] operation on these rows (no copy when they are all rows)."""
         if len(self.rows) == self.work.shape[0]:
             return operation(self.work)
-        index = torch.tensor(self.rows, device=self.work.device)
-        sub = self.work.index_select(0, index)
+        sub = self.work[self.rows]  # a contiguous copy
         result = operation(sub)
-        self.work.index_copy_(0, index, sub)
+        self.work[self.rows] = sub
         return result
-
-    def _rows_view(self) -> torch.Tensor:
-        if len(self.rows) == self.work.shape[0]:
-            return self.work
-        return self.work.index_select(0, torch.tensor(self.rows, device=self.work.device))
 
 
 def _step_penalties(group: _Group) -> None:
@@ -278,29 +283,29 @@ def _step_top_k(group: _Group) -> None:
     group.limit(k)
 
 
-def _per_coverage(step: Callable[[_Group, truncation.Hint], None]) -> Callable[[_Group], None]:
-    """Run `step` separately on the rows that have a candidate list and on those that do not."""
+def _per_route(step: Callable[[_Group, truncation.Hint], None]) -> Callable[[_Group], None]:
+    """Run `step` separately on each part of _Group.routes."""
 
     def run(group: _Group) -> None:
-        for part in group.split_by_coverage():
-            step(part, part.hint())
+        for part, hint in group.routes():
+            step(part, hint)
 
     return run
 
 
-@_per_coverage
+@_per_route
 def _step_typical(group: _Group, hint: truncation.Hint) -> None:
     p, min_keep = group.params("typical_p"), group.params("min_keep")
     group.apply(lambda sub: truncation.typical(sub, p, min_keep, hint))
 
 
-@_per_coverage
+@_per_route
 def _step_top_p(group: _Group, hint: truncation.Hint) -> None:
     p, min_keep = group.params("top_p"), group.params("min_keep")
     group.apply(lambda sub: truncation.top_p(sub, p, min_keep, hint))
 
 
-@_per_coverage
+@_per_route
 def _step_min_p(group: _Group, hint: truncation.Hint) -> None:
     p, min_keep = group.params("min_p"), group.params("min_keep")
     group.apply(lambda sub: truncation.min_p(sub, p, min_keep, hint))
@@ -310,7 +315,7 @@ def _step_xtc(group: _Group) -> None:
     _xtc_triggered(group.subset([s.xtc_triggered() for s in group.samplers]))
 
 
-@_per_coverage
+@_per_route
 def _xtc_triggered(group: _Group, hint: truncation.Hint) -> None:
     threshold, min_keep = group.params("xtc_threshold"), group.params("min_keep")
     group.apply(lambda sub: xtc(sub, threshold, min_keep, hint))
@@ -325,18 +330,18 @@ def _step_temperature(group: _Group) -> None:
     _dynamic_temperature(group.subset(dynamic))
 
 
-@_per_coverage
+@_per_route
 def _greedy(group: _Group, hint: truncation.Hint) -> None:
     group.apply(lambda sub: temperature.greedy(sub, hint))
     group.limit([1] * len(group.rows))
 
 
-@_per_coverage
+@_per_route
 def _scale(group: _Group, hint: truncation.Hint) -> None:
     group.apply(lambda sub: temperature.scale(sub, group.params("temperature"), hint))
 
 
-@_per_coverage
+@_per_route
 def _dynamic_temperature(group: _Group, hint: truncation.Hint) -> None:
     args = [group.params(name) for name in ("temperature", "dynatemp_range", "dynatemp_exponent")]
     group.apply(lambda sub: temperature.dynamic_temperature(sub, *args, hint=hint))
@@ -367,62 +372,68 @@ _STEPS: dict[str, Callable[[_Group], None]] = {
 
 @dataclass
 class _FinalDistribution:
-    """Each row's final distribution, in vocabulary order: over the whole vocabulary, or over a
-    compact list of candidate ids (ascending) when the chain left few candidates."""
+    """Each row's final distribution, in vocabulary order, and the token drawn from it: over
+    compact lists of candidate ids (ascending) when every row has few candidates, else over whole
+    vocabulary rows. The totals and the draw (lamplight.sampling.draw) give a row the same bits
+    in either form and whatever else is in the batch."""
 
-    probs: torch.Tensor  # [B, V], or [B, width] aligned with `ids`
-    ids: torch.Tensor | None  # [B, width] ascending token ids, or None for the whole vocabulary
+    weights: np.ndarray  # float32 exp(logit - max): [B, V], or [B, width] aligned with `ids`
+    totals: np.ndarray  # float64 [B]; NaN on a row without candidates
+    ids: np.ndarray | None  # [B, width] ascending token ids, or None for the whole vocabulary
+    tokens: list[int]  # the draw
 
     @classmethod
-    def of(cls, state: _ChainState) -> _FinalDistribution:
+    def drawn(cls, state: _ChainState, uniforms: list[float]) -> _FinalDistribution:
         final = state.work
         ids = state.candidates_for(list(range(final.shape[0])))
+        width = max(state.bounds) if ids is None else ids.shape[1]
+        counts = count_candidates(final) if width > SMALL_WIDTH else None
+        if counts is not None and int(counts.max()) > SMALL_WIDTH:
+            weights = _weights(final)
+            draws = [draw_from_row(row, u, count > SMALL_WIDTH) for row, u, count in zip(weights, uniforms, counts)]
+            return cls(weights, np.array([total for _, total in draws]), None, [token for token, _ in draws])
         if ids is None:
-            width = max(state.bounds)
-            if width > SMALL_WIDTH:
-                return cls(torch.softmax(final, dim=1), None)
-            ids = torch.topk(final, width, dim=1).indices
-        ids = torch.sort(ids, dim=1).values
-        return cls(torch.softmax(final.gather(1, ids), dim=1), ids)
-
-    def draw(self, uniforms: list[float]) -> list[int]:
-        """Inverse-CDF draw per row with the row's own uniform number."""
-        probs = self.probs
-        cdf = probs.cumsum(dim=1)
-        u = torch.tensor(uniforms, dtype=torch.float64, device=probs.device)
-        target = (u * cdf[:, -1].double()).to(cdf.dtype).unsqueeze(1)
-        chosen = torch.searchsorted(cdf, target, right=True).clamp(max=probs.shape[1] - 1)
-        positions = chosen.squeeze(1).tolist()
-        # Rounding can land past the last candidate (on a zero-probability entry): step back.
-        for row in (probs.gather(1, chosen).squeeze(1) <= 0).nonzero().squeeze(1).tolist():
-            candidates = (probs[row, : positions[row] + 1] > 0).nonzero()
-            if candidates.numel():
-                positions[row] = int(candidates[-1])
-        if self.ids is None:
-            return positions
-        return self.ids.gather(1, torch.tensor(positions, device=probs.device).unsqueeze(1)).squeeze(1).tolist()
+            ids = _finite_ids(final, width if counts is None else int(counts.max()))
+        ids = np.sort(ids, axis=1)
+        weights = _weights(np.take_along_axis(final, ids, axis=1))
+        positions, totals = draw_from_lists(weights, np.asarray(uniforms, dtype=np.float64))
+        return cls(weights, totals, ids, np.take_along_axis(ids, positions[:, None], axis=1)[:, 0].tolist())
 
     def empty_rows(self) -> list[int]:
-        # A row without any finite logit has a NaN softmax.
-        return self.probs[:, 0].isnan().nonzero().squeeze(1).tolist()
+        # A row without any finite logit has NaN weights.
+        return np.flatnonzero(np.isnan(self.totals)).tolist()
 
     def probability(self, rows: list[int], tokens: list[int]) -> list[float]:
-        index = torch.tensor(rows, device=self.probs.device)
-        chosen = torch.tensor(tokens, device=self.probs.device)
-        if self.ids is None:
-            return self.probs[index, chosen].tolist()
-        matches = self.ids[index] == chosen.unsqueeze(1)
-        return torch.where(matches, self.probs[index], 0.0).sum(dim=1).tolist()
+        probs, ids = self.rows(rows)
+        chosen = np.asarray(tokens, dtype=np.int64)[:, None]
+        if ids is None:
+            return np.take_along_axis(probs, chosen, axis=1)[:, 0].tolist()
+        return np.where(ids == chosen, probs, np.float32(0.0)).sum(axis=1).tolist()
 
-    def rows(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(probs, ids) of some rows."""
-        index = torch.tensor(rows, device=self.probs.device)
-        ids = None if self.ids is None else self.ids.index_select(0, index)
-        return self.probs.index_select(0, index), ids
+    def rows(self, rows: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
+        """(probs, ids) of some rows: float32 probabilities, NaN on a row without candidates."""
+        probs = (self.weights[rows] / self.totals[rows, None]).astype(np.float32)
+        return probs, None if self.ids is None else self.ids[rows]
+
+
+def _weights(logits: np.ndarray) -> np.ndarray:
+    return np.exp(logits - logits.max(axis=1, keepdims=True))
+
+
+def _finite_ids(logits: np.ndarray, width: int) -> np.ndarray:
+    """[rows, width]: each row's ids of finite logits (at most `width`), then the id of one of its
+    -inf entries as often as needed: ids to read the candidates at (never to write through)."""
+    width = max(width, 1)
+    ids = np.empty((logits.shape[0], width), dtype=np.int64)
+    for row, values in enumerate(logits):
+        finite = np.flatnonzero(values > NEG_INF)
+        ids[row, : finite.size] = finite
+        ids[row, finite.size :] = values.argmin()  # -inf wherever the row has fewer than `width`
+    return ids
 
 
 def _fallback_for_empty_rows(
-    tokens: list[int], distribution: _FinalDistribution, logits: torch.Tensor, allowed_mask: torch.Tensor | None
+    tokens: list[int], distribution: _FinalDistribution, logits: np.ndarray, allowed_mask: np.ndarray | None
 ) -> list[int]:
     """A row whose biases or grammar removed every token gets the best allowed (else best) raw token."""
     empty = distribution.empty_rows()
@@ -430,9 +441,9 @@ def _fallback_for_empty_rows(
         return tokens
     tokens = list(tokens)
     for row in empty:
-        row_logits = logits[row].float()
+        row_logits = logits[row].astype(np.float32)
         if allowed_mask is not None and bool(allowed_mask[row].any()):
-            row_logits = row_logits.masked_fill(~allowed_mask[row], NEG_INF)
+            row_logits = np.where(allowed_mask[row], row_logits, np.float32(NEG_INF))
         tokens[row] = int(row_logits.argmax())
         logger.warning("sampling: every token of row %d was removed; falling back to token %d", row, tokens[row])
     return tokens
@@ -449,7 +460,7 @@ def _propose_mirostat_mu(
 
 
 def _token_probs(
-    logits: torch.Tensor, distribution: _FinalDistribution, tokens: list[int], samplers: Sequence[SequenceSampler]
+    logits: np.ndarray, distribution: _FinalDistribution, tokens: list[int], samplers: Sequence[SequenceSampler]
 ) -> list[TokenProbs | None]:
     result: list[TokenProbs | None] = [None] * len(samplers)
     for post_sampling in (False, True):
@@ -466,8 +477,7 @@ def _token_probs(
             probs, ids = distribution.rows(rows)
             found = final_token_probs(probs, chosen, n_probs, ids)
         else:
-            index = torch.tensor(rows, device=logits.device)
-            found = raw_token_probs(logits.index_select(0, index), chosen, n_probs)
+            found = raw_token_probs(logits[rows], chosen, n_probs)
         for row, entry in zip(rows, found):
             result[row] = entry
     return result

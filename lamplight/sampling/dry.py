@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-import torch
 
 MAX_BREAKER_BYTES = 40  # llama.cpp truncates each breaker string to 40 bytes
 MAX_TAIL_TOKENS = 20  # and each breaker's token tail to 20 tokens
@@ -319,7 +318,7 @@ def _z_function(values: list[int]) -> list[int]:
     return z
 
 
-def apply_dry(logits: torch.Tensor, rows: Sequence[int], states: Sequence[DryState]) -> None:
+def apply_dry(logits: np.ndarray, rows: Sequence[int], states: Sequence[DryState]) -> None:
     """Subtract each row's DRY penalties in place."""
     n_vocab = logits.shape[1]
     row_index: list[int] = []
@@ -333,6 +332,5 @@ def apply_dry(logits: torch.Tensor, rows: Sequence[int], states: Sequence[DrySta
                 amounts.append(amount)
     if not amounts:
         return
-    device = logits.device
-    index = (torch.tensor(row_index, device=device), torch.tensor(token_index, device=device))
-    logits[index] = logits[index] - torch.tensor(amounts, dtype=logits.dtype, device=device)
+    index = (np.asarray(row_index), np.asarray(token_index))
+    logits[index] = logits[index] - np.asarray(amounts, dtype=logits.dtype)

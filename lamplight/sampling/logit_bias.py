@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-import torch
+import numpy as np
 
 FLOAT32_MAX = 3.4028234663852886e38
 _INTEGER_KEY = re.compile(r"\s*[+-]?[0-9]+")  # what strtol reads whole, as llama.cpp parses object keys
@@ -80,7 +80,7 @@ def _token_ids(token: int | str, tokenizer: TextEncoder | None, where: str) -> l
     return list(tokenizer.encode(token, add_special=False, parse_special=False))
 
 
-def apply_logit_bias(logits: torch.Tensor, rows: Sequence[int], biases: Sequence[Sequence[tuple[int, float]]]) -> None:
+def apply_logit_bias(logits: np.ndarray, rows: Sequence[int], biases: Sequence[Sequence[tuple[int, float]]]) -> None:
     """Add each row's biases in place; repeated ids add up, ids outside the vocabulary are ignored."""
     n_vocab = logits.shape[1]
     row_index: list[int] = []
@@ -94,6 +94,4 @@ def apply_logit_bias(logits: torch.Tensor, rows: Sequence[int], biases: Sequence
                 values.append(bias)
     if not values:
         return
-    device = logits.device
-    index = (torch.tensor(row_index, device=device), torch.tensor(token_index, device=device))
-    logits.index_put_(index, torch.tensor(values, dtype=logits.dtype, device=device), accumulate=True)
+    np.add.at(logits, (np.asarray(row_index), np.asarray(token_index)), np.asarray(values, dtype=logits.dtype))

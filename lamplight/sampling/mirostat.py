@@ -7,36 +7,36 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
-from .truncation import best_k_mask, keep_only
+from .reductions import log_softmax, softmax, sum_rows
+from .truncation import best_k_mask, best_k_sorted, keep_only
 
 MIROSTAT_M = 100  # llama-server's m: how many of the best tokens estimate the Zipf exponent
 
 
-def mirostat_v2(logits: torch.Tensor, mu: Sequence[float]) -> None:
+def mirostat_v2(logits: np.ndarray, mu: Sequence[float]) -> None:
     """Keep the tokens whose surprise -log2(p) is at most mu (at least the best one)."""
-    surprise = torch.log_softmax(logits, dim=1) * (-1.0 / math.log(2.0))
-    kept = surprise <= torch.tensor(mu, dtype=torch.float32, device=logits.device).unsqueeze(1)
-    kept.scatter_(1, logits.argmax(dim=1, keepdim=True), True)
+    surprise = log_softmax(logits, sum_rows) * np.float32(-1.0 / math.log(2.0))
+    kept = surprise <= np.asarray(mu, dtype=np.float32)[:, None]
+    np.put_along_axis(kept, logits.argmax(axis=1)[:, None], True, axis=1)
     keep_only(logits, kept)
 
 
-def mirostat_v1(logits: torch.Tensor, mu: Sequence[float]) -> None:
+def mirostat_v1(logits: np.ndarray, mu: Sequence[float]) -> None:
     """Estimate the Zipf exponent s from the best m probabilities, derive k from s and mu, keep top k."""
-    device = logits.device
     n_vocab = logits.shape[1]
     m = min(MIROSTAT_M, n_vocab)
-    best = torch.topk(torch.softmax(logits, dim=1), m, dim=1).values
-    i = torch.arange(m - 1, device=device, dtype=torch.float32)
-    t = torch.log((i + 2) / (i + 1)).unsqueeze(0)
+    best, _ = best_k_sorted(softmax(logits, sum_rows), m)
+    i = np.arange(m - 1, dtype=np.float32)
+    t = np.log((i + 2) / (i + 1))[None, :]
     valid = best[:, 1:] > 0  # llama.cpp would take log(p / 0) for -inf candidates
-    b = torch.where(valid, torch.log(best[:, :-1] / best[:, 1:]), 0.0)
-    s_hat = (t * b).sum(dim=1) / torch.where(valid, t * t, 0.0).sum(dim=1)
+    b = np.where(valid, np.log(best[:, :-1] / best[:, 1:]), np.float32(0.0))
+    # Sums over m - 1 entries whatever the batch: numpy's pairwise sum is reproducible here.
+    s_hat = sum_rows(t * b) / sum_rows(np.where(valid, t * t, np.float32(0.0)))
     epsilon = s_hat - 1
-    mu_t = torch.tensor(mu, dtype=torch.float32, device=device)
-    k = ((epsilon * torch.pow(2.0, mu_t)) / (1 - torch.pow(float(n_vocab), -epsilon))) ** (1 / s_hat)
-    k = torch.nan_to_num(k, nan=1.0, posinf=float(n_vocab), neginf=1.0).clamp(1, n_vocab).long()
+    mu_t = np.asarray(mu, dtype=np.float32)
+    k = ((epsilon * np.power(np.float32(2.0), mu_t)) / (1 - np.power(np.float32(n_vocab), -epsilon))) ** (1 / s_hat)
+    k = np.clip(np.nan_to_num(k, nan=1.0, posinf=float(n_vocab), neginf=1.0), 1, n_vocab).astype(np.int64)
     keep_only(logits, best_k_mask(logits, k))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Sequence
 
-import torch
+import numpy as np
 
 
 class PenaltyWindow:
@@ -29,7 +29,7 @@ class PenaltyWindow:
 
 
 def apply_penalties(
-    logits: torch.Tensor,
+    logits: np.ndarray,
     rows: Sequence[int],
     windows: Sequence[PenaltyWindow],
     repeat: Sequence[float],
@@ -51,16 +51,15 @@ def apply_penalties(
                 param_index.append(position)
     if not counts:
         return
-    device = logits.device
-    index = (torch.tensor(row_index, device=device), torch.tensor(token_index, device=device))
-    which = torch.tensor(param_index, device=device)
-    repeat_t = torch.tensor(repeat, dtype=torch.float32, device=device)[which]
-    frequency_t = torch.tensor(frequency, dtype=torch.float32, device=device)[which]
-    presence_t = torch.tensor(presence, dtype=torch.float32, device=device)[which]
-    count_t = torch.tensor(counts, dtype=torch.float32, device=device)
+    index = (np.asarray(row_index), np.asarray(token_index))
+    which = np.asarray(param_index)
+    repeat_t = np.asarray(repeat, dtype=np.float32)[which]
+    frequency_t = np.asarray(frequency, dtype=np.float32)[which]
+    presence_t = np.asarray(presence, dtype=np.float32)[which]
+    count_t = np.asarray(counts, dtype=np.float32)
 
     values = logits[index]
     # Dividing a negative logit would make the token more likely, so those are multiplied.
-    values = torch.where(values <= 0, values * repeat_t, values / repeat_t)
-    values = values - (count_t * frequency_t + presence_t)
-    logits[index] = values
+    values = np.where(values <= 0, values * repeat_t, values / repeat_t)
+    # Each (row, token) pair occurs once (a window's counts), so plain assignment is exact.
+    logits[index] = values - (count_t * frequency_t + presence_t)

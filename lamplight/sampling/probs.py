@@ -6,8 +6,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
+from .reductions import softmax, sum_rows
 from .truncation import best_k_sorted
 
 
@@ -33,35 +34,37 @@ class TokenProbs:
     post_sampling: bool
 
 
-def raw_token_probs(logits: torch.Tensor, chosen: Sequence[int], n_probs: Sequence[int]) -> list[TokenProbs]:
+def raw_token_probs(logits: np.ndarray, chosen: Sequence[int], n_probs: Sequence[int]) -> list[TokenProbs]:
     """Probabilities from raw logits [rows, vocab] (llama-server's get_token_probabilities)."""
-    logits = logits.float()
-    return _token_probs(torch.softmax(logits, dim=1), chosen, n_probs, post_sampling=False, rank_by=logits)
+    logits = np.ascontiguousarray(logits, dtype=np.float32)
+    return _token_probs(softmax(logits, sum_rows), chosen, n_probs, post_sampling=False, rank_by=logits)
 
 
 def final_token_probs(
-    probs: torch.Tensor, chosen: Sequence[int], n_probs: Sequence[int], ids: torch.Tensor | None = None
+    probs: np.ndarray, chosen: Sequence[int], n_probs: Sequence[int], ids: np.ndarray | None = None
 ) -> list[TokenProbs]:
     """Probabilities from the post-chain distribution: [rows, vocab], or [rows, w] over `ids`."""
     return _token_probs(probs, chosen, n_probs, post_sampling=True, ids=ids)
 
 
 def _token_probs(
-    probs: torch.Tensor,
+    probs: np.ndarray,
     chosen: Sequence[int],
     n_probs: Sequence[int],
     post_sampling: bool,
-    rank_by: torch.Tensor | None = None,
-    ids: torch.Tensor | None = None,
+    rank_by: np.ndarray | None = None,
+    ids: np.ndarray | None = None,
 ) -> list[TokenProbs]:
     """`probs` columns are token ids, or `ids` [rows, w] (ascending) names them."""
     rank_by = probs if rank_by is None else rank_by
     _, top_columns = best_k_sorted(rank_by, max(n_probs))
-    top_values = probs.gather(1, top_columns)
-    top_ids = top_columns if ids is None else ids.gather(1, top_columns)
+    top_values = np.take_along_axis(probs, top_columns, axis=1)
+    top_ids = top_columns if ids is None else np.take_along_axis(ids, top_columns, axis=1)
     chosen_values = _chosen_values(probs, chosen, ids)
     results = []
-    rows = zip(chosen, n_probs, top_ids.tolist(), top_values.tolist(), top_values.log().tolist())
+    with np.errstate(divide="ignore"):  # log(0) = -inf, as documented on TokenProb
+        top_logprobs = np.log(top_values)
+    rows = zip(chosen, n_probs, top_ids.tolist(), top_values.tolist(), top_logprobs.tolist())
     for row, (token, wanted, row_ids, row_probs, row_logprobs) in enumerate(rows):
         top = [TokenProb(*entry) for entry in zip(row_ids[:wanted], row_probs[:wanted], row_logprobs[:wanted])]
         if post_sampling:
@@ -72,11 +75,12 @@ def _token_probs(
     return results
 
 
-def _chosen_values(probs: torch.Tensor, chosen: Sequence[int], ids: torch.Tensor | None) -> list[float]:
-    chosen_t = torch.tensor(list(chosen), device=probs.device).unsqueeze(1)
+def _chosen_values(probs: np.ndarray, chosen: Sequence[int], ids: np.ndarray | None) -> list[float]:
+    chosen_column = np.asarray(list(chosen), dtype=np.int64)[:, None]
     if ids is None:
-        return probs.gather(1, chosen_t).squeeze(1).tolist()
-    return torch.where(ids == chosen_t, probs, 0.0).sum(dim=1).tolist()
+        return np.take_along_axis(probs, chosen_column, axis=1)[:, 0].tolist()
+    # One entry of the row's list at most is the chosen token: the sum is that entry (or 0).
+    return np.where(ids == chosen_column, probs, np.float32(0.0)).sum(axis=1).tolist()
 
 
 def _until_zero(entries: list[TokenProb]) -> list[TokenProb]:

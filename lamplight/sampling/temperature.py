@@ -4,34 +4,36 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
+import numpy as np
 
+from .reductions import RowSums, log_softmax, sum_padded_rows, sum_rows
 from .truncation import NEG_INF, NO_HINT, SMALL_WIDTH, Hint, rebuild, resolve_width, sorted_candidates
 
 
-def greedy(logits: torch.Tensor, hint: Hint = NO_HINT) -> None:
+def greedy(logits: np.ndarray, hint: Hint = NO_HINT) -> None:
     """Keep only each row's best logit (the lowest id among equal ones)."""
     if hint.ids is None:
-        best = logits.argmax(dim=1, keepdim=True)  # the first maximum
-        value = logits.gather(1, best)
-        logits.fill_(NEG_INF).scatter_(1, best, value)
+        best = logits.argmax(axis=1)[:, None]  # the first maximum
+        value = np.take_along_axis(logits, best, axis=1)
+        logits.fill(NEG_INF)
+        np.put_along_axis(logits, best, value, axis=1)
         return
-    ids = torch.sort(hint.ids, dim=1).values
-    values = logits.gather(1, ids)
-    best = values.argmax(dim=1, keepdim=True)
-    rebuild(logits, ids, values, torch.arange(ids.shape[1], device=logits.device).unsqueeze(0) == best)
+    ids = np.sort(hint.ids, axis=1)
+    values = np.take_along_axis(logits, ids, axis=1)
+    best = values.argmax(axis=1)[:, None]
+    rebuild(logits, ids, values, np.arange(ids.shape[1])[None, :] == best)
 
 
-def scale(logits: torch.Tensor, temperature: Sequence[float], hint: Hint = NO_HINT) -> None:
-    t = torch.tensor(temperature, dtype=torch.float32, device=logits.device).unsqueeze(1)
+def scale(logits: np.ndarray, temperature: Sequence[float], hint: Hint = NO_HINT) -> None:
+    t = np.asarray(temperature, dtype=np.float32)[:, None]
     if hint.ids is None:
-        logits.div_(t)
+        logits /= t
     else:
-        logits.scatter_(1, hint.ids, logits.gather(1, hint.ids) / t)
+        np.put_along_axis(logits, hint.ids, np.take_along_axis(logits, hint.ids, axis=1) / t, axis=1)
 
 
 def dynamic_temperature(
-    logits: torch.Tensor,
+    logits: np.ndarray,
     temperature: Sequence[float],
     spread: Sequence[float],
     exponent: Sequence[float],
@@ -42,34 +44,33 @@ def dynamic_temperature(
     max_t = T + spread. t <= 0 is greedy; rows with fewer than 2 candidates are left alone."""
     if hint.ids is not None or resolve_width(logits, hint) <= SMALL_WIDTH:
         values, ids = sorted_candidates(logits, hint)
-        t = _dynamic_temperatures(values, temperature, spread, exponent)
+        t = _dynamic_temperatures(values, temperature, spread, exponent, sum_padded_rows)
         # Sorted best first, so greedy keeps position 0 (the lowest id among equal maxima).
-        dropped = (t <= 0).unsqueeze(1) & (torch.arange(ids.shape[1], device=logits.device) > 0).unsqueeze(0)
-        rebuild(logits, ids, values / torch.where(t > 0, t, 1.0).unsqueeze(1), ~dropped)
+        dropped = (t <= 0)[:, None] & (np.arange(ids.shape[1]) > 0)[None, :]
+        rebuild(logits, ids, values / np.where(t > 0, t, np.float32(1.0))[:, None], ~dropped)
         return
-    t = _dynamic_temperatures(logits, temperature, spread, exponent)
-    cold = t <= 0
-    if bool(cold.any()):
-        rows = cold.nonzero().squeeze(1)
-        sub = logits[rows]
+    t = _dynamic_temperatures(logits, temperature, spread, exponent, sum_rows)
+    cold = np.flatnonzero(t <= 0)
+    if cold.size:
+        sub = logits[cold]
         greedy(sub)
-        logits[rows] = sub
-    logits.div_(torch.where(t > 0, t, 1.0).unsqueeze(1))
+        logits[cold] = sub
+    logits /= np.where(t > 0, t, np.float32(1.0))[:, None]
 
 
 def _dynamic_temperatures(
-    logits: torch.Tensor, temperature: Sequence[float], spread: Sequence[float], exponent: Sequence[float]
-) -> torch.Tensor:
-    """Each row's dynamic temperature; NaN for rows with fewer than 2 candidates."""
-    device = logits.device
-    log_probs = torch.log_softmax(logits, dim=1)
-    entropy = -torch.where(log_probs > NEG_INF, log_probs.exp() * log_probs, 0.0).sum(dim=1)
-    n_candidates = (logits > NEG_INF).sum(dim=1)
+    logits: np.ndarray, temperature: Sequence[float], spread: Sequence[float], exponent: Sequence[float],
+    sums: RowSums,
+) -> np.ndarray:
+    """Each row's dynamic temperature (float32); NaN for rows with fewer than 2 candidates."""
+    log_probs = log_softmax(logits, sums)
+    entropy = -sums(np.where(log_probs > NEG_INF, np.exp(log_probs) * log_probs, np.float32(0.0)))
+    n_candidates = np.count_nonzero(logits > NEG_INF, axis=1)
     # llama.cpp's log n counts -inf entries still in its array; only real candidates count here.
-    normalized = entropy / n_candidates.float().log()
-    t = torch.tensor(temperature, dtype=torch.float32, device=device)
-    d = torch.tensor(spread, dtype=torch.float32, device=device)
-    low = (t - d).clamp(min=0.0)
+    normalized = entropy / np.log(n_candidates.astype(np.float32))
+    t = np.asarray(temperature, dtype=np.float32)
+    d = np.asarray(spread, dtype=np.float32)
+    low = np.maximum(t - d, np.float32(0.0))
     high = t + d
-    dynamic = low + (high - low) * normalized.pow(torch.tensor(exponent, dtype=torch.float32, device=device))
-    return torch.where(n_candidates > 1, dynamic, torch.nan)
+    dynamic = low + (high - low) * np.power(normalized, np.asarray(exponent, dtype=np.float32))
+    return np.where(n_candidates > 1, dynamic, np.float32(np.nan))

@@ -251,7 +251,7 @@ def context_from_model(runner: Any, config: Any) -> tuple[int, str]:
 
 def dedicate_threads_to_native() -> None:
     """The native forward runs on its own pool of -t threads; PyTorch's ops left to the engine
-    (sampling) then run on one thread, so the two pools never compete for the cores (on 2 cores:
+    then run on one thread, so the two pools never compete for the cores (on 2 cores:
     a decode step 7.9-8.7 ms instead of 10.8-11.1 at one stream, 22-23 instead of 25 at 16)."""
     import torch
 
