@@ -1,9 +1,6 @@
-"""Images in requests, as llama-server takes them: where their bytes come from, and the prompt
-they make.
+"""Images in requests, as llama-server takes them: the prompt they make (their bytes come from
+lamplight.server.media_sources).
 
-- Sources: base64 (`multimodal_data`), `data:` URIs, `file://` URLs inside --media-path (resolved,
-  never outside it), http(s) URLs only with --media-allow-urls (fetched with httpx, at most
-  MAX_MEDIA_BYTES in URL_TIMEOUT_S, as llama-server), and raw base64 in an `image_url`.
 - The media marker (LLAMA_MEDIA_MARKER, default `<__media__>`) splits a prompt's text; each piece is
   tokenized on its own and each marker becomes its image's segments (lamplight.vision: decode,
   plan, encode), BOS at the very start (llama.cpp's mtmd_tokenize).
@@ -14,42 +11,30 @@ they make.
 Images are decoded and encoded here, in the request's worker thread (before the engine sees the
 request), so running streams never wait for an encoder; the last RECENT_IMAGES encodings are kept
 by content, so an image sent again is not encoded again. Every bad input is a 400 naming it.
+
+This module imports the vision encoder and torch: the server imports it only to load an mmproj
+(launcher.load_media).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import collections
-import os
-import re
 import threading
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Sequence
-from urllib.parse import unquote, urlparse
 
 import torch
 
 from lamplight.engine.types import MediaSpan, placeholder_ids
 from lamplight.vision import DEFAULT_MAX_PIXELS, EmbeddingRows, ImageError, TextSegment, assemble_prompt, decode_image
 
-from .errors import ApiError, invalid_request
+from .errors import invalid_request
+from .media_sources import media_marker, url_bytes
 
-DEFAULT_MARKER = "<__media__>"
-MAX_MEDIA_BYTES = 10 * 2**20  # an image fetched from a URL or read from --media-path (llama-server's 10 MB)
-URL_TIMEOUT_S = 10.0
 RECENT_IMAGES = 16  # encoded images kept for reuse (MediaInput._recent)
 # llama-server's messages for these failures (the tests compare them), followed by ours.
 TOKENIZE_FAILED = "Failed to tokenize prompt"
 LOAD_FAILED = "Failed to load image or audio file"
-
-
-def media_marker() -> str:
-    """The marker that stands for an image in prompt text: LLAMA_MEDIA_MARKER, else `<__media__>`
-    (llama-server draws a random one per start unless the variable is set; /props publishes it)."""
-    return os.environ.get("LLAMA_MEDIA_MARKER") or DEFAULT_MARKER
 
 
 class MediaPrompt(list):
@@ -85,46 +70,9 @@ class MediaInput:
         self._recent: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    # -- bytes ---------------------------------------------------------------------------------
-
     def url_bytes(self, url: str, where: str) -> bytes:
-        """An `image_url` part's bytes: a data: URI, a file:// URL under --media-path, or an
-        http(s) URL when --media-allow-urls is on."""
-        if not isinstance(url, str) or not url:
-            raise invalid_request(f"{where}: the image URL must be a non-empty string")
-        scheme = url.split(":", 1)[0].lower() if ":" in url else ""
-        if scheme == "data":
-            return data_uri_bytes(url, where)
-        if scheme == "file":
-            return self._file_bytes(url, where)
-        if scheme in ("http", "https"):
-            if not self.options.allow_urls:
-                raise invalid_request(f"{where}: image URLs are off on this server (start it with --media-allow-urls); "
-                                      "send the image as a data: URI")
-            return fetch_url(url, where)
-        if re.fullmatch(r"[A-Za-z0-9+/=\s]+", url[:4096]):
-            return base64_bytes(url, where)  # raw base64, as llama-server takes it
-        raise invalid_request(f"{where}: unsupported image URL scheme {scheme or url[:20]!r} "
-                              "(data:, file:// under --media-path, or http(s) with --media-allow-urls)")
-
-    def _file_bytes(self, url: str, where: str) -> bytes:
-        root = self.options.media_path
-        if not root:
-            raise invalid_request(f"{where}: file:// URLs are off on this server (start it with --media-path DIR)")
-        parsed = urlparse(url)
-        if parsed.netloc not in ("", "localhost"):
-            raise invalid_request(f"{where}: a file:// URL must not name a host (got {parsed.netloc!r})")
-        path = Path(unquote(parsed.path)).resolve()
-        base = Path(root).resolve()
-        if not path.is_relative_to(base):
-            raise invalid_request(f"{where}: {path} is outside --media-path ({base})")
-        try:
-            if path.stat().st_size > MAX_MEDIA_BYTES:
-                raise invalid_request(f"{where}: the file is larger than {MAX_MEDIA_BYTES} bytes")
-            return path.read_bytes()
-        except OSError as exc:
-            raise invalid_request(f"{where}: cannot read {path.relative_to(base)} under --media-path "
-                                  f"({exc.strerror or exc})") from None
+        """An `image_url` part's bytes, from where this server's options let images come."""
+        return url_bytes(url, where, self.options.media_path, self.options.allow_urls)
 
     # -- the prompt ----------------------------------------------------------------------------
 
@@ -198,43 +146,3 @@ def engine_prompt(segments: Sequence[Any], images: Sequence[Any]) -> MediaPrompt
         spans.append(MediaSpan(len(token_ids), seg.embeddings, seg.non_causal, key))
         token_ids += placeholder_ids(key, seg.n_positions)
     return MediaPrompt(token_ids, tuple(spans))
-
-
-def data_uri_bytes(url: str, where: str) -> bytes:
-    """The bytes of a `data:[type][;base64],DATA` URI (base64, as every image in a chat request)."""
-    head, sep, payload = url.partition(",")
-    if not sep or not head.lower().endswith(";base64"):
-        raise invalid_request(f"{where}: a data: URI must be base64 (data:image/png;base64,...)")
-    return base64_bytes(payload, where)
-
-
-def base64_bytes(text: Any, where: str) -> bytes:
-    if not isinstance(text, str):
-        raise invalid_request(f"{where}: an image must be a base64 string")
-    try:
-        return base64.b64decode(re.sub(r"\s+", "", text), validate=True)
-    except (binascii.Error, ValueError):
-        raise invalid_request(f"{where}: the image is not valid base64") from None
-
-
-def fetch_url(url: str, where: str) -> bytes:
-    """An image from an http(s) URL, at most MAX_MEDIA_BYTES (read as it streams in)."""
-    import httpx
-
-    deadline = time.monotonic() + URL_TIMEOUT_S
-    try:
-        with httpx.stream("GET", url, timeout=URL_TIMEOUT_S, follow_redirects=True) as response:
-            if response.status_code != 200:
-                raise invalid_request(f"{where}: fetching the image URL answered HTTP {response.status_code}")
-            data = bytearray()
-            for chunk in response.iter_bytes():
-                data += chunk
-                if len(data) > MAX_MEDIA_BYTES:
-                    raise invalid_request(f"{where}: the image at the URL is larger than {MAX_MEDIA_BYTES} bytes")
-                if time.monotonic() > deadline:
-                    raise invalid_request(f"{where}: fetching the image URL took more than {URL_TIMEOUT_S:g} s")
-            return bytes(data)
-    except ApiError:
-        raise
-    except httpx.HTTPError as exc:
-        raise invalid_request(f"{where}: cannot fetch the image URL ({type(exc).__name__}: {exc})") from None

@@ -10,7 +10,7 @@ from lamplight.chat.messages import chat_media_parts, image_url_of
 
 from .errors import field_error, invalid_request
 from .fields import is_number
-from .media import base64_bytes
+from .media_sources import base64_bytes
 from .params import NO_MULTIMODAL
 
 

@@ -17,7 +17,7 @@ from .errors import ApiError, from_engine_error, invalid_request, not_supported
 from .fields import Fields
 from .generation_settings import props_default_params
 from .json_io import json_response, read_json, read_json_object
-from .media import media_marker
+from .media_sources import media_marker
 from .memory import memory_budget
 from .metrics import CONTENT_TYPE
 from .model_info import ftype_name, token_text
