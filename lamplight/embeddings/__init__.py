@@ -12,7 +12,18 @@ the step.
 (384,)
 """
 
-from .embedder import Embedder, EmbeddingInputError, load_embedder
+from .errors import EmbeddingInputError
 from .pooling import Pooling, normalize
+
+
+def __getattr__(name: str):
+    # The models (PyTorch, or the native encoder beside it) are imported on first use: the
+    # server's routes read the names above without torch, and only an embeddings server loads one.
+    if name in ("Embedder", "load_embedder"):
+        from . import embedder
+
+        return getattr(embedder, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["Embedder", "EmbeddingInputError", "Pooling", "load_embedder", "normalize"]

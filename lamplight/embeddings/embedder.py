@@ -17,20 +17,12 @@ from ..models.torch_spec import TorchWeightSource
 from ..tokenizer import Tokenizer
 from .decoders import BACKENDS, DecoderBody, ServedRunner
 from .encoder import ENCODER_ARCHITECTURES, Encoder
+from .errors import EmbeddingInputError
 from .pooling import Pooling, normalize, pool
 
 DEFAULT_UBATCH = 512  # llama.cpp's n_ubatch: what one input must fit unless it can be split
 STEP_TOKENS = 4096  # tokens computed per forward step (many inputs of a request share a step)
 RERANK_TEMPLATE_KEY = "tokenizer.chat_template.rerank"
-
-
-class EmbeddingInputError(ValueError):
-    """An input the model cannot embed; `kind` is the API error type, `extra` its fields."""
-
-    def __init__(self, message: str, kind: str = "invalid_request_error", **extra):
-        super().__init__(message)
-        self.kind = kind
-        self.extra = extra
 
 
 class RankHead:

@@ -1,12 +1,16 @@
 """Pooling the final hidden states of one input, and normalising the pooled vector, as llama.cpp
-does (llama_pooling_type, common_embd_normalize)."""
+does (llama_pooling_type, common_embd_normalize). Imports no torch: `pool` reads a tensor through
+its methods only, so the server's API layer reads the pooling names without torch."""
 
 from __future__ import annotations
 
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Pooling(str, Enum):

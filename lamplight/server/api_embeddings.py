@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 from fastapi import APIRouter
@@ -27,10 +27,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from lamplight.embeddings import Embedder, EmbeddingInputError, Pooling
+from lamplight.embeddings import EmbeddingInputError, Pooling
 
 from .errors import ApiError, invalid_request, not_supported
 from .json_io import json_response, read_json_object
+
+if TYPE_CHECKING:
+    from lamplight.embeddings import Embedder  # loaded (with torch) only by an embeddings server
 
 EMBEDDING_PATHS_NATIVE = ("/embedding", "/embeddings")
 RERANK_PATHS = ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")
