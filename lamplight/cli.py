@@ -10,6 +10,7 @@ import sys
 from lamplight import __version__
 from lamplight.serve_flags import FlagError, FlagParser, accepted_notes, add_serve_arguments, flags_markdown
 from lamplight.serve_options import engine_options, server_settings
+from lamplight.threads import request_threads
 
 __all__ = ["build_parser", "engine_options", "main", "server_settings"]
 
@@ -87,9 +88,7 @@ def _serve_one_model(args: argparse.Namespace) -> int:
         args.replicas = args.replicas or 1
         return run_replicas(args)
     if args.threads > 0:
-        import torch
-
-        torch.set_num_threads(args.threads)
+        request_threads(args.threads)  # before loading: the native pool and PyTorch (where it is used) read it
     if args.hf_repo:
         model = _hub_model(args.hf_repo, args.hf_file, args.hf_token)
         if model is None:

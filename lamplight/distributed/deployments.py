@@ -65,11 +65,10 @@ class Replica:
     """One lamplight server (model, engine, app) inside a Ray Serve replica."""
 
     def __init__(self, spec: ReplicaSpec):
-        import torch
-
         from lamplight.server import ServerState
         from lamplight.server.app import create_app
         from lamplight.server.launcher import build_engine, load_model
+        from lamplight.threads import request_threads
 
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
@@ -79,7 +78,7 @@ class Replica:
             folder = os.path.join(settings.slot_save_path, f"replica-{rank if rank is not None else self.replica_id}")
             os.makedirs(folder, exist_ok=True)
             settings = dataclasses.replace(settings, slot_save_path=folder)
-        torch.set_num_threads(max(1, spec.threads))
+        request_threads(max(1, spec.threads))  # before loading, as the CLI's -t
         model = spec.model
         if spec.hf_repo:
             from lamplight.hf_hub import resolve_hf

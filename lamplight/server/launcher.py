@@ -15,6 +15,7 @@ import uvicorn
 
 from lamplight.serve_flags import CTX_MEMORY_SHARE, default_of
 from lamplight.speculative import SpecConfig
+from lamplight.threads import requested_threads, set_torch_threads
 
 from .app import create_app
 from .connections import timed_protocol
@@ -77,6 +78,7 @@ def load_model(model: Any, options: EngineOptions, **load_options) -> Any:
                                 lora_init_without_apply=options.lora_init_without_apply, **load_options)
     except AdapterError as exc:
         raise StartupError(str(exc)) from exc
+    native_pool_as_requested(loaded.runner)
     say = load_options.get("progress") or (lambda _msg: None)
     # The server's image input (ServerState.media), or None: beside the text model it reads.
     loaded.media = load_media(loaded, options, say)
@@ -99,6 +101,7 @@ def load_draft_model(loaded: Any, path: str | None, backend: str, say: Callable[
         draft = lamplight.load(path, backend=backend)
     except (GGUFError, ModelSourceError, OSError, ValueError) as exc:
         raise StartupError(f"-md {path}: {exc}") from exc
+    native_pool_as_requested(draft.runner)  # one pool per process: the draft's load sized it again
     problem = vocab_mismatch(loaded.tokenizer, draft.tokenizer)
     if problem is not None:
         raise StartupError(f"-md {path}: the draft model's vocabulary must be the model's: {problem}")
@@ -107,6 +110,17 @@ def load_draft_model(loaded: Any, path: str | None, backend: str, say: Callable[
                            "rejected draft")
     say(f"draft model: {draft.name}: {draft.kernels}")
     return draft
+
+
+def native_pool_as_requested(runner: Any) -> None:
+    """The native kernels' pool on -t's threads. A native runner sizes the pool when it is built,
+    from lamplight.native.threads.configured_threads: PyTorch's count, which -t no longer sets
+    before a load that imports no torch (lamplight.threads holds it)."""
+    count = requested_threads()
+    if count is None or not runner.owns_threads or runner.threads == count:
+        return
+    runner.lib.lp_set_threads(count)
+    runner.threads = runner.lib.lp_get_threads()
 
 
 def load_media(loaded: Any, options: EngineOptions, say: Callable[[str], None]) -> Any:
@@ -252,10 +266,9 @@ def context_from_model(runner: Any, config: Any) -> tuple[int, str]:
 def dedicate_threads_to_native() -> None:
     """The native forward runs on its own pool of -t threads; PyTorch's ops left to the engine
     then run on one thread, so the two pools never compete for the cores (on 2 cores:
-    a decode step 7.9-8.7 ms instead of 10.8-11.1 at one stream, 22-23 instead of 25 at 16)."""
-    import torch
-
-    torch.set_num_threads(1)
+    a decode step 7.9-8.7 ms instead of 10.8-11.1 at one stream, 22-23 instead of 25 at 16).
+    Where torch is not imported, it gets the one thread when a feature imports it."""
+    set_torch_threads(1)
 
 
 def uvicorn_server(state: ServerState) -> uvicorn.Server:
