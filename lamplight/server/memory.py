@@ -23,7 +23,7 @@ def memory_budget(loaded: Any, engine: Any) -> dict[str, float]:
 
 def _kv_bytes(state: Any) -> int:
     kv = state.kv
-    return sum(t.numel() * t.element_size() for t in (*kv.k, *kv.v))
+    return sum(t.nbytes for t in (*kv.k, *kv.v))  # numpy arrays (the native pool) or tensors alike
 
 
 def memory_line(loaded: Any, engine: Any) -> str:
