@@ -8,18 +8,18 @@ which it proxies every request that names the model (proxy.py). One process per 
 llama-server does: a model that crashes takes nothing else down, its memory goes back to the OS
 when it is unloaded, and each child is exactly the server a user would start by hand.
 
-The router itself never imports torch (nor lamplight.server, which does): parsing the serve
-flags does (the sampling flags), so once parsed, `run_router` replaces its process with a fresh
-`python -m lamplight.router.launch` that is given the settings, the command line and the flag
-table as JSON (launch.py): a router of about 50 MiB whose only work is bookkeeping and
-forwarding bytes.
+The router itself imports neither torch nor lamplight.server, nor what parsing the serve flags
+brings in (the sampling table on numpy, the grammar): once parsed, `run_router` replaces its
+process with a fresh `python -m lamplight.router.launch` that is given the settings, the command
+line and the flag table as JSON (launch.py): a router of about 35 MiB whose only work is
+bookkeeping and forwarding bytes.
 
 With `--replicas N` / `--ray-address ADDR` each loaded model is a Ray Serve application of N
 replicas instead of a child (ray_models.py, over lamplight/distributed/cluster.py): the router
 stays the front and keeps every rule above (statuses, --models-max, idle timers, the listing,
 proxying), and forwards to the model's route prefix on Serve's HTTP proxy, where the model's
-ingress routes by prompt prefix to a replica. That router keeps its process (and torch): it builds
-each model's application.
+ingress routes by prompt prefix to a replica. That router keeps its process: it builds each
+model's application.
 
 Layers: flag_table < presets < catalog < instance < models < ray_models < proxy < app < launch;
 nothing of lamplight's below it imports it.

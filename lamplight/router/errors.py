@@ -1,6 +1,6 @@
 """The router's error answers, in llama-server's JSON shape `{"error": {"code", "message", "type"}}`.
 
-(lamplight.server.errors has the same shape, but importing lamplight.server imports torch.)
+(lamplight.server.errors has the same shape, but importing it imports the whole server package.)
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@ can take (long and short names without their dashes, `LLAMA_ARG_*` names), which
 switches, and which ones the router keeps for itself.
 
 The flags are lamplight.serve_flags's table (`all_flags`), whose sampling flags come from the
-sampling table, which imports torch. The process that parsed `lamplight serve`'s command line
-has it already: it describes the table as JSON rows (`describe_flags`), which the router's own
-lean process (launch.py) reads back (`table_from_rows`) without importing torch.
+sampling table (numpy). The process that parsed `lamplight serve`'s command line has it already:
+it describes the table as JSON rows (`describe_flags`), which the router's own lean process
+(launch.py) reads back (`table_from_rows`) without importing the flags' modules.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def _opposite(value: Any) -> Any:
 
 
 def describe_flags() -> list[dict]:
-    """The serve flags as JSON-able rows (this needs lamplight's sampling table, hence torch)."""
+    """The serve flags as JSON-able rows (this imports lamplight.serve_flags and its sampling table)."""
     from lamplight.serve_flags import all_flags
 
     return [{"names": list(flag.names), "dest": flag.attribute, "switch": flag.is_switch,
@@ -99,5 +99,5 @@ def table_from_rows(rows: list[dict]) -> FlagTable:
 
 
 def load_flag_table() -> FlagTable:
-    """The table, read in this process (which then holds torch: tests, and the parsing process)."""
+    """The table, read in this process (which then holds the flags' modules: tests, and the parsing process)."""
     return table_from_rows(describe_flags())

@@ -2,13 +2,14 @@
 serve flags (lamplight.serve_flags's "router" and "server" settings) and the command line it was
 given (whose model flags every child gets: `-c 4096 -np 2` applies to every model).
 
-Parsing the serve flags imports torch (the sampling flags come from the sampling table), and a
-router has no use for it: `run_router` writes what it needs (`RouterSpec`: the settings, the
-command line, the flag table) to a file and replaces its process with `python -m
-lamplight.router.launch FILE`, a fresh one without torch (about 200 MiB less resident).
+Parsing the serve flags imports what the command line's other uses need (the sampling table on
+numpy, the grammar, the bench), and a router has no use for it: `run_router` writes what it needs
+(`RouterSpec`: the settings, the command line, the flag table) to a file and replaces its process
+with `python -m lamplight.router.launch FILE`, a fresh one that imports only the router (35 MiB
+resident instead of 53).
 
 With `--replicas N` / `--ray-address ADDR` the models are Ray Serve applications (ray_models.py);
-that router stays in this process (it builds the applications, which needs torch), connects to
+that router stays in this process (it builds the applications), connects to
 Ray before its port is bound, and shuts Ray down (or leaves the cluster) when it stops.
 
 Everything that can be wrong with the command line, the preset file or the models folder is
@@ -57,9 +58,9 @@ def say(message: str) -> None:
 def run_router(args: argparse.Namespace) -> int:
     try:
         spec = router_spec(args)
-        # On Ray, the router builds each model's application (its replicas' settings: torch), so
-        # it keeps this process.
-        if os.name == "posix" and "torch" in sys.modules and spec.ray is None:
+        # On Ray, the router builds each model's application (its replicas' settings), so it
+        # keeps this process.
+        if os.name == "posix" and spec.ray is None:
             _become_lean_router(spec)  # does not return
         router = build_router(spec)
     except STARTUP_ERRORS as exc:
@@ -120,7 +121,7 @@ def _become_lean_router(spec: RouterSpec) -> None:
 
 
 def main(spec_path: str) -> int:
-    """`python -m lamplight.router.launch SPEC.json` (run_router's exec): the router, without torch."""
+    """`python -m lamplight.router.launch SPEC.json` (run_router's exec): the router alone."""
     with open(spec_path, encoding="utf-8") as f:
         spec = RouterSpec(**json.load(f))
     os.unlink(spec_path)
