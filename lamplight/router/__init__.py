@@ -11,7 +11,7 @@ when it is unloaded, and each child is exactly the server a user would start by 
 The router itself imports neither torch nor lamplight.server, nor what parsing the serve flags
 brings in (the sampling table on numpy, the grammar): once parsed, `run_router` replaces its
 process with a fresh `python -m lamplight.router.launch` that is given the settings, the command
-line and the flag table as JSON (launch.py): a router of about 35 MiB whose only work is
+line and the flag table as JSON (launch.py): a router of about 50 MiB whose only work is
 bookkeeping and forwarding bytes.
 
 With `--replicas N` / `--ray-address ADDR` each loaded model is a Ray Serve application of N

@@ -5,8 +5,8 @@ given (whose model flags every child gets: `-c 4096 -np 2` applies to every mode
 Parsing the serve flags imports what the command line's other uses need (the sampling table on
 numpy, the grammar, the bench), and a router has no use for it: `run_router` writes what it needs
 (`RouterSpec`: the settings, the command line, the flag table) to a file and replaces its process
-with `python -m lamplight.router.launch FILE`, a fresh one that imports only the router (35 MiB
-resident instead of 53).
+with `python -m lamplight.router.launch FILE`, a fresh one that imports only the router (a
+serving router of 49 MiB resident instead of 66).
 
 With `--replicas N` / `--ray-address ADDR` the models are Ray Serve applications (ray_models.py);
 that router stays in this process (it builds the applications), connects to
