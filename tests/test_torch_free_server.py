@@ -1,0 +1,108 @@
+"""The server, the command line and the router import torch only for a feature that needs it: in
+a fresh interpreter whose imports of torch raise, lamplight.server, lamplight.cli, the serve
+flags and the router import, `lamplight serve`'s application is built and answers while no model
+is loaded, and the serve path loads a model on the native kernels with -t's threads. Where torch
+is imported later (a PyTorch backend, the vision encoder, an embedding encoder), it gets the
+thread count -t asked for, or the one thread the native runner leaves it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO_ROOT
+from test_torch_free_load import native_library, printed, run_without_torch  # noqa: F401 (a fixture)
+from tiny_gguf import write_tiny_llama
+
+# Every module a server or a router process imports before a model is loaded.
+SERVER_MODULES = ["lamplight.server", "lamplight.server.app", "lamplight.server.launcher", "lamplight.server.memory",
+                  "lamplight.server.media_sources", "lamplight.cli", "lamplight.serve_flags",
+                  "lamplight.serve_options", "lamplight.router", "lamplight.router.launch", "lamplight.embeddings",
+                  "lamplight.threads"]
+
+# `lamplight serve -t 3` up to the point where it loads the model: its settings, its application
+# (create_app through uvicorn's Config, as launcher.serve builds it), answering 503 until a model
+# is attached.
+BUILD_THE_SERVER = """
+import importlib
+for module in {modules!r}:
+    importlib.import_module(module)
+
+from starlette.testclient import TestClient
+
+from lamplight.cli import build_parser, engine_options, server_settings
+from lamplight.server import ServerState
+from lamplight.server.launcher import uvicorn_server
+from lamplight.threads import request_threads, requested_threads
+
+args = build_parser().parse_args(["serve", "-m", "model.gguf", "-t", "3", "--port", "0"])
+request_threads(args.threads)
+engine_options(args)
+state = ServerState(server_settings(args))
+with TestClient(uvicorn_server(state).config.app) as client:
+    print("HEALTH", client.get("/health").status_code)
+    print("EMBEDDINGS", client.post("/v1/embeddings", json={{"input": "hi"}}).status_code)
+print("THREADS", requested_threads())
+try:
+    import torch  # the guard must refuse it here, or this test proves nothing
+except ImportError:
+    print("TORCH refused")
+"""
+
+
+def test_the_server_and_its_command_line_import_no_torch():
+    out = run_without_torch(BUILD_THE_SERVER.format(modules=SERVER_MODULES))
+    assert out.returncode == 0, out.stderr
+    assert printed(out) == {"HEALTH": "503", "EMBEDDINGS": "503", "THREADS": "3", "TORCH": "refused"}, out.stdout
+
+
+def test_the_serve_path_loads_on_native_threads_as_asked(native_library, tmp_path):  # noqa: F811
+    """launcher.load_model, as `lamplight serve -t N` calls it: no torch, and the native pool on
+    N threads (a count other than its default, so that the default cannot pass for it)."""
+    path = write_tiny_llama(tmp_path / "tiny.gguf")
+    script = f"""
+from lamplight.native.threads import default_threads
+from lamplight.server.launcher import EngineOptions, load_model
+from lamplight.threads import request_threads
+
+request_threads(default_threads() + 1)
+loaded = load_model({str(path)!r}, EngineOptions())
+assert "torch" not in sys.modules
+print("ASKED", default_threads() + 1)
+print("THREADS", loaded.runner.threads)
+print("KERNELS", loaded.kernels)
+print("MEDIA", loaded.media, loaded.draft)
+"""
+    out = run_without_torch(script)
+    assert out.returncode == 0, out.stderr
+    lines = printed(out)
+    assert lines["THREADS"] == lines["ASKED"] and f"; {lines['ASKED']} threads" in lines["KERNELS"], out.stdout
+    assert lines["MEDIA"] == "None None"
+
+
+# Run without the guard: torch imports, after the thread count was set without it.
+TORCH_GETS_THE_COUNT = """
+import sys
+from lamplight.threads import request_threads, set_torch_threads
+
+request_threads({asked})
+{then}
+assert "torch" not in sys.modules
+import torch
+print("THREADS", torch.get_num_threads())
+print("LOADER", type(torch.__spec__.loader).__name__, torch.__loader__ is torch.__spec__.loader)
+set_torch_threads(2)  # with torch imported: at once
+print("AFTER", torch.get_num_threads())
+"""
+
+
+@pytest.mark.parametrize("then, want", [("", 3), ("set_torch_threads(1)  # dedicate_threads_to_native", 1)])
+def test_torch_imported_later_gets_the_thread_count(then, want):
+    script = TORCH_GETS_THE_COUNT.format(asked=3, then=then)
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = printed(out)
+    assert lines["THREADS"] == str(want), out.stdout
+    assert lines["LOADER"] == "SourceFileLoader True"  # torch's own loader, not the hook's
+    assert lines["AFTER"] == "2"
