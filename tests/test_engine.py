@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 import torch
 from model_helpers import paged_state, runner_for
@@ -360,7 +361,11 @@ def test_kv_cache_that_does_not_fit_is_a_clear_error(tiny, monkeypatch):
 def test_half_precision_kv_cache_serves_and_unknown_types_are_refused(tiny):
     eng = make_engine(tiny, cache_type_k="f16", cache_type_v="bf16")
     try:
-        assert (eng.state.kv.k[0].dtype, eng.state.kv.v[0].dtype) == (torch.float16, torch.bfloat16)
+        kv = eng.state.kv
+        assert (kv.k_type.name, kv.v_type.name) == ("f16", "bf16")
+        # the native runner's pool is numpy's (bf16 kept as its 16 bits), the PyTorch runners' torch's
+        stored = (np.float16, np.uint16) if tiny[0].backend == "native" else (torch.float16, torch.bfloat16)
+        assert (kv.k[0].dtype, kv.v[0].dtype) == stored
         _, (final,) = run(eng, GenerationRequest(prompt_ids(tiny, "the cat"), GREEDY, n_predict=6))
         assert final.n_decoded == 6
     finally:

@@ -1,6 +1,6 @@
-"""Quantized KV cache (-ctk/-ctv q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; lamplight.state.kv_quant): ggml's block formats to
-the byte, written alike by the PyTorch pool and the native forward, and a request's tokens are
-the same alone or beside others and from run to run with the same KV type."""
+"""Quantized KV cache (-ctk/-ctv q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; lamplight.state.kv_quant, the PyTorch codecs in
+lamplight.state.kv_quant_torch): ggml's block formats to the byte, written alike by the PyTorch pool and the native
+forward, and a request's tokens are the same alone or beside others and from run to run with the same KV type."""
 
 from __future__ import annotations
 
@@ -20,8 +20,12 @@ from lamplight.gguf.file import GGUFFile
 from lamplight.models.batch import SequenceChunk
 from lamplight.native import runtime
 from lamplight.sampling import SamplingParams
+from lamplight.native import abi
 from lamplight.state.kv import KVLayout, KVPool
 from lamplight.state.kv_quant import QUANT_TYPES
+from lamplight.state.kv_quant_torch import dequantize, quantize
+from lamplight.state.kv_types import KV_TYPES
+from lamplight.state.torch_pools import TorchKVPool
 from lamplight.tokenizer import Tokenizer
 
 GGML = {name: getattr(gguf.GGMLQuantizationType, name.upper()) for name in QUANT_TYPES}
@@ -81,11 +85,11 @@ def edge_rows() -> torch.Tensor:
 def test_blocks_are_ggmls_to_the_byte(name):
     kind = QUANT_TYPES[name]
     rows = edge_rows()
-    ours = kind.quantize(rows).numpy()
-    quantize = ggml_iq4_nl if name == "iq4_nl" else lambda x: gguf.quantize(x, GGML[name])
-    reference = quantize(rows.numpy()).reshape(ours.shape)
+    ours = quantize(kind, rows).numpy()
+    ggml_quantize = ggml_iq4_nl if name == "iq4_nl" else lambda x: gguf.quantize(x, GGML[name])
+    reference = ggml_quantize(rows.numpy()).reshape(ours.shape)
     assert np.array_equal(ours, reference)
-    assert np.array_equal(kind.dequantize(torch.from_numpy(reference), 128).numpy(),
+    assert np.array_equal(dequantize(kind, torch.from_numpy(reference), 128).numpy(),
                           gguf.dequantize(reference, GGML[name]).reshape(rows.shape))
     assert kind.row_bytes(128) == ours.shape[-1] and kind.bits == BITS[name]
 
@@ -94,29 +98,59 @@ def test_blocks_are_ggmls_to_the_byte(name):
 def test_a_stored_row_read_and_written_again_keeps_its_bytes(name):
     """The prompt cache and slot files copy K/V out as floats and back: the same bytes."""
     kind = QUANT_TYPES[name]
-    stored = kind.quantize(edge_rows())
-    assert torch.equal(kind.quantize(kind.dequantize(stored, 128)), stored)
+    stored = quantize(kind, edge_rows())
+    assert torch.equal(quantize(kind, dequantize(kind, stored, 128)), stored)
 
 
 @pytest.mark.parametrize("name", QUANT_TYPES)
 def test_the_pool_stores_quantized_rows(name):
     kind = QUANT_TYPES[name]
     layout = KVLayout(2, 2, 64, 32)
-    pool = KVPool(layout, 16, kind)
+    pool = TorchKVPool(layout, 16, kind)
     assert pool.k[0].dtype == torch.uint8 and pool.k[0].shape == (2, 16, kind.row_bytes(64))
     assert layout.bytes_per_token(kind) == 2 * 2 * (64 + 32) * kind.bits / 8
     k, v = torch.randn(3, 2, 64), torch.randn(3, 2, 32)
     slots = torch.tensor([5, 1, 9])
     pool.write(1, slots, k, v)
     read_k, read_v = pool.read(1, slots)
-    assert torch.equal(read_k, kind.dequantize(kind.quantize(k), 64))
-    assert torch.equal(read_v, kind.dequantize(kind.quantize(v), 32))
+    assert torch.equal(read_k, dequantize(kind, quantize(kind, k), 64))
+    assert torch.equal(read_v, dequantize(kind, quantize(kind, v), 32))
     gathered_k, _ = pool.gather(1, torch.tensor([[9, 5]]))
     assert gathered_k.shape == (2, 1, 2, 64) and torch.equal(gathered_k[:, 0, 0], read_k[2])
     pool.copy_tokens(torch.tensor([9]), torch.tensor([3]))
     assert torch.equal(pool.read(1, torch.tensor([3]))[0], read_k[2:3])
     with pytest.raises(ValueError, match="head size 48 is not a multiple of 32"):
+        TorchKVPool(KVLayout(1, 1, 48, 48), 4, kind)
+    with pytest.raises(ValueError, match="head size 48 is not a multiple of 32"):
         KVPool(KVLayout(1, 1, 48, 48), 4, kind)
+
+
+@pytest.mark.parametrize("name", ["f32", "f16", "bf16", *QUANT_TYPES])
+def test_the_numpy_pool_keeps_the_torch_pools_bytes(name):
+    """The native runner's pool (numpy, no torch) stores each type as the PyTorch pool does, row
+    for row (bf16 as its 16 bits), and moves stored rows as it does."""
+    kind = KV_TYPES[name]
+    layout = KVLayout(2, 2, 64, 32)
+    host, tensors = KVPool(layout, 16, kind, v_dtype=kind), TorchKVPool(layout, 16, kind)
+    assert [t.shape for t in host.k + host.v] == [tuple(t.shape) for t in tensors.k + tensors.v]
+    assert host.nbytes == tensors.nbytes == 16 * layout.bytes_per_token(kind)
+    tensors.write(1, torch.tensor([5, 1, 9]), torch.randn(3, 2, 64), torch.randn(3, 2, 32))
+    as_storage = lambda t: t.contiguous().view(torch.uint8).numpy().view(kind.storage)  # noqa: E731 (bf16's bits)
+    stored_k, stored_v = tensors.read_stored(1, [5, 1, 9])
+    host.write_stored(1, np.array([5, 1, 9]), as_storage(stored_k), as_storage(stored_v))
+    host.copy_tokens([9], [3])
+    tensors.copy_tokens([9], [3])
+    for ours, theirs in zip(host.k + host.v, tensors.k + tensors.v):
+        assert np.array_equal(ours.view(np.uint8), theirs.view(torch.uint8).numpy())
+    view = TorchKVPool.view_of(host)  # the slot files' way in: the same memory as tensors
+    assert all(torch.equal(a, b) for a, b in zip(view.k + view.v, tensors.k + tensors.v))
+    view.write(0, torch.tensor([2]), torch.ones(1, 2, 64), torch.ones(1, 2, 32))
+    assert host.k[0][:, 2].any() and host.v[0][:, 2].any()
+
+
+def test_the_kv_types_native_ids_are_the_forwards():
+    assert {name: kind.native_id for name, kind in KV_TYPES.items()} == {
+        name: getattr(abi, f"LP_KV_{name.upper()}") for name in KV_TYPES}
 
 
 @pytest.fixture(scope="module")
@@ -137,8 +171,8 @@ def test_the_native_forward_writes_the_same_blocks(tiny, name):
     plain, quantized = runner.new_state(80, torch.float32), runner.new_state(80, kind)
     for state in (plain, quantized):
         runner.run([SequenceChunk(prompt, 0, list(range(70)))], state)
-    assert torch.equal(quantized.kv.k[0][:, :70], kind.quantize(plain.kv.k[0][:, :70]))
-    assert torch.equal(quantized.kv.v[0][:, :70], kind.quantize(plain.kv.v[0][:, :70]))
+    for ours, floats in ((quantized.kv.k[0], plain.kv.k[0]), (quantized.kv.v[0], plain.kv.v[0])):  # numpy pools
+        assert np.array_equal(ours[:, :70], quantize(kind, torch.from_numpy(floats[:, :70])).numpy())
 
 
 @pytest.mark.parametrize("backend", ["reference", "native"])
@@ -190,10 +224,10 @@ def test_the_native_forward_stores_and_reads_blocks_as_kv_quant_does(name):
     rows = edge_rows().contiguous()
     stored = torch.zeros(rows.shape[0], kind.row_bytes(128), dtype=torch.uint8)
     assert lib.lp_kv_rows(kind.native_id, 1, stored.data_ptr(), rows.shape[0], 128, rows.data_ptr()) == 0
-    assert torch.equal(stored, kind.quantize(rows))
+    assert torch.equal(stored, quantize(kind, rows))
     read = torch.empty_like(rows)
     assert lib.lp_kv_rows(kind.native_id, 0, stored.data_ptr(), rows.shape[0], 128, read.data_ptr()) == 0
-    assert torch.equal(read, kind.dequantize(stored, 128))
+    assert torch.equal(read, dequantize(kind, stored, 128))
 
 
 def test_a_server_started_with_quantized_kv_serves(tiny):

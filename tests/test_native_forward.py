@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
@@ -293,7 +294,7 @@ def test_server_serves_on_native_kernels_and_says_so(tmp_path):
     engine = build_engine(loaded, EngineOptions(n_ctx=512, n_parallel=2))
     server = serve(loaded, engine)
     try:
-        assert engine.state.kv.k[0].dtype == torch.float16
+        assert engine.state.kv.k_type.name == "f16" and engine.state.kv.k[0].dtype == np.float16  # a numpy pool
         props = httpx.get(f"{server.url}/props").json()["lamplight"]
         assert props["kernels"] == loaded.kernels
         assert props["memory_mib"]["weights"] > 0 and props["memory_mib"]["kv_cache"] > 0
@@ -327,8 +328,6 @@ def test_bad_step_arrays_are_refused_and_the_next_step_runs(tiny, monkeypatch):
     logit row, key offset or key slot out of its range is a ValueError naming the array and row,
     and the next good step gives the same logits as before."""
     import dataclasses
-
-    import numpy as np
 
     from lamplight.native import runner
 

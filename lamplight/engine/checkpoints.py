@@ -29,8 +29,7 @@ choices (`n > 1`) that fork from it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import Any
 
 # Tokens between two checkpoints (and where prompt chunks of recurrent models are cut).
 DEFAULT_INTERVAL = 256
@@ -49,7 +48,7 @@ REPLY_INTERVAL = 32
 @dataclass(frozen=True)
 class Checkpoint:
     n_tokens: int  # the state after this many tokens of the slot's sequence
-    state: torch.Tensor  # ModelState.snapshot(): one flat tensor
+    state: Any  # ModelState.snapshot(): one flat float32 array (a tensor for a PyTorch pool)
 
 
 class CheckpointStore:
@@ -120,4 +119,4 @@ class CheckpointStore:
         return found
 
     def bytes_held(self) -> int:
-        return sum(c.state.numel() * c.state.element_size() for slot in self._slots for c in slot)
+        return sum(c.state.nbytes for slot in self._slots for c in slot)

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from lamplight.serve_flags import MAX_DEFAULT_CTX, default_of
 from lamplight.speculative import SpecConfig
-from lamplight.state.kv import KVType
-from lamplight.state.kv_quant import QUANT_TYPES
+from lamplight.state.kv_types import KV_TYPES, KVType
 
 from .checkpoints import DEFAULT_INTERVAL, DEFAULT_PER_SLOT
 
 # `-ctk/-ctv` values (llama-server's names) this engine stores the KV cache in.
-CACHE_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, **QUANT_TYPES}
+CACHE_TYPES: dict[str, KVType] = KV_TYPES
 
 
 @dataclass

@@ -22,7 +22,7 @@ from ..models.batch import SequenceChunk
 from ..runner.base import ModelRunner
 from ..sampling.arrays import as_logits
 from ..speculative.config import DRAFT_MODEL_KIND, DraftModelSizes
-from ..state.kv import KVType
+from ..state.kv_types import KVType
 from .config import CACHE_TYPES, EngineConfig
 from .kv_cache import BlockTable, KVCache
 from .slots import common_prefix

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from ..state.kv import KVPool
 
@@ -30,11 +30,7 @@ class KVCache:
         self.num_blocks = pool.num_tokens // block_size
         self.allocator = BlockAllocator(self.num_blocks)
 
-    @property
-    def device(self) -> torch.device:
-        return self.pool.device
-
-    def copy_tokens(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+    def copy_tokens(self, src: np.ndarray, dst: np.ndarray) -> None:
         self.pool.copy_tokens(src, dst)
 
 
@@ -126,14 +122,11 @@ class BlockTable:
     def make_private_from(self, first_block: int) -> None:
         """Give this table its own copy of every shared block from `first_block` on."""
         bs = self.cache.block_size
-        device = self.cache.device
         for i in range(first_block, len(self.blocks)):
             block = self.blocks[i]
             if self.cache.allocator.ref_counts[block] <= 1:
                 continue
             fresh = self.cache.allocator.allocate()
-            src = torch.arange(block * bs, block * bs + bs, device=device)
-            dst = torch.arange(fresh * bs, fresh * bs + bs, device=device)
-            self.cache.copy_tokens(src, dst)
+            self.cache.copy_tokens(np.arange(block * bs, block * bs + bs), np.arange(fresh * bs, fresh * bs + bs))
             self.cache.allocator.release(block)
             self.blocks[i] = fresh

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-
-import torch
+from typing import Any
 
 from ..state import ModelState
 from .kv_cache import KVCache
@@ -33,14 +32,16 @@ MIB = 2**20
 class CacheEntry:
     tokens: tuple[int, ...]
     lora: tuple[float, ...]
-    k: list[torch.Tensor]  # per layer, the rows as the pool stores them (KVPool.read_stored)
-    v: list[torch.Tensor]
-    recurrent: torch.Tensor | None  # the state after all the tokens (models with recurrent layers)
+    # Per layer, the rows as the pool stores them (KVPool.read_stored: numpy arrays, or tensors
+    # of a PyTorch pool on its device).
+    k: list[Any]
+    v: list[Any]
+    recurrent: Any | None  # the state after all the tokens, a snapshot (models with recurrent layers)
 
     @property
     def bytes(self) -> int:
-        tensors = [*self.k, *self.v] + ([self.recurrent] if self.recurrent is not None else [])
-        return sum(t.numel() * t.element_size() for t in tensors)
+        arrays = [*self.k, *self.v] + ([self.recurrent] if self.recurrent is not None else [])
+        return sum(a.nbytes for a in arrays)
 
     def usable_prefix(self, prompt: list[int], lora: tuple[float, ...]) -> int:
         """How many of the prompt's first tokens this entry can stand for (0: none)."""
@@ -70,10 +71,10 @@ class PromptCache:
         if not tokens or any(len(e.tokens) >= len(tokens) and e.tokens[: len(tokens)] == tokens and e.lora == slot.cached_lora
                              for e in self.entries.values()):
             return
-        index = torch.tensor(slot.table.slots(0, len(tokens)), dtype=torch.long, device=cache.device)
+        index = slot.table.slots(0, len(tokens))
         pool = cache.pool
         layers = [pool.read_stored(layer, index) for layer in range(len(pool.k))]
-        recurrent = state.snapshot(slot.id).clone() if state.recurrent is not None else None
+        recurrent = state.snapshot(slot.id) if state.recurrent is not None else None  # a copy
         entry = CacheEntry(tokens, tuple(slot.cached_lora), [k for k, _ in layers], [v for _, v in layers], recurrent)
         if self.budget is not None and entry.bytes > self.budget:
             return
@@ -97,10 +98,10 @@ class PromptCache:
         table = slot.table
         table.release()
         table.fill_to(len(entry.tokens))
-        index = torch.tensor(table.slots(), dtype=torch.long, device=cache.device)
+        index = table.slots()
         pool = cache.pool
         for layer in range(len(pool.k)):
-            pool.write_stored(layer, index, entry.k[layer].to(cache.device), entry.v[layer].to(cache.device))
+            pool.write_stored(layer, index, entry.k[layer], entry.v[layer])
         if entry.recurrent is not None:
             state.restore(slot.id, entry.recurrent, len(entry.tokens))
         slot.cached_tokens = list(entry.tokens)

@@ -12,7 +12,7 @@ from torch import nn
 from ..gguf.file import TensorInfo
 from ..gguf.quant import dequantize
 from ..kernels.linear import BATCH_INVARIANT_ROWS, DenseKernel
-from ..state.kv import KVPool
+from ..state.torch_pools import TorchKVPool
 from .activations import ACTIVATIONS, aligned
 from .batch import ForwardBatch, padded_query_rows
 from .rope import RopeTables
@@ -247,7 +247,7 @@ def paged_attention(
     k: torch.Tensor | None,
     v: torch.Tensor | None,
     layer: int,
-    kv: KVPool,
+    kv: TorchKVPool,
     batch: ForwardBatch,
     scale: float,
     window: int | None = None,
@@ -280,7 +280,8 @@ def paged_attention(
 
 
 @torch.inference_mode()
-def shift_kv(kv: KVPool, layer_ropes: list[Rotary | None], src: torch.Tensor, dst: torch.Tensor, delta: int) -> None:
+def shift_kv(kv: TorchKVPool, layer_ropes: list[Rotary | None], src: torch.Tensor, dst: torch.Tensor,
+             delta: int) -> None:
     """Move cached K/V entries from pool indices `src` to `dst`, re-rotating each layer's keys by
     `delta` positions with that layer's rope (context shift), so nothing has to be recomputed;
     keys of a layer without rope (None) move as they are."""

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..state.recurrent import RecurrentPool
+from ..state.torch_pools import TorchRecurrentPool
 from .batch import ForwardBatch
 from .activations import aligned
 from .layers import LinearGroup
@@ -53,7 +53,7 @@ class Segment:
     fresh: torch.Tensor  # [B] bool: the chunk starts the sequence (state from zeros)
 
 
-def recurrent_segments(batch: ForwardBatch, pool: RecurrentPool) -> list[Segment]:
+def recurrent_segments(batch: ForwardBatch, pool: TorchRecurrentPool) -> list[Segment]:
     """The step's segments, each chunk's start checked against its slot."""
     decode, segments, first_row, seen = [], [], 0, set()
     for chunk in batch.chunks:
@@ -79,7 +79,7 @@ def _segment(items: list, n: int, device) -> Segment:
     return Segment(rows, slots, fresh)
 
 
-def commit_states(writes: list, pool: RecurrentPool) -> None:
+def commit_states(writes: list, pool: TorchRecurrentPool) -> None:
     """Write a finished step's new states (layer, slots, history, matrix) into the pool."""
     for layer, slots, history, matrix in writes:
         pool.write(layer, slots, history, matrix)
@@ -114,7 +114,7 @@ class RecurrentMixer(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor, step) -> torch.Tensor:
-        pool: RecurrentPool = step.state.recurrent
+        pool: TorchRecurrentPool = step.state.recurrent
         proj = self.in_proj(x)
         inner = None
         for seg in step.segments:

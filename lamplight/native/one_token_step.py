@@ -11,12 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..gguf.quant import dequantize_rows
+from ..state import KV_TYPES
 from . import abi
 from .linear import address
 from .runner import NativeRunner, kv_description, set_row_slots, states_description
-
-# A cache type's native id and the numpy type of its storage.
-_CACHE_TYPES = {"f16": (abi.LP_KV_F16, np.float16), "f32": (abi.LP_KV_F32, np.float32)}
 
 
 class OneTokenStep:
@@ -49,11 +47,11 @@ class OneTokenStep:
 
 def _one_token_pool(layout, cache_type: str) -> abi.KV:
     """A KV pool of one token for a model of this KVLayout, of cache type `cache_type`."""
-    kv_type, dtype = _CACHE_TYPES[cache_type]
+    kind = KV_TYPES[cache_type]
     shapes = [layout.shape(layer) for layer in range(layout.num_layers)]
-    k = [np.zeros((n_kv, 1, dk), dtype=dtype) for n_kv, dk, _ in shapes]
-    v = [np.zeros((n_kv, 1, dv), dtype=dtype) for n_kv, _, dv in shapes]
-    return kv_description(kv_type, kv_type, 1, k, v)
+    k = [np.zeros((n_kv, 1, kind.row_width(dk)), dtype=kind.storage) for n_kv, dk, _ in shapes]
+    v = [np.zeros((n_kv, 1, kind.row_width(dv)), dtype=kind.storage) for n_kv, _, dv in shapes]
+    return kv_description(kind.native_id, kind.native_id, 1, k, v)
 
 
 def _zero_states(layouts) -> abi.States:

@@ -5,19 +5,19 @@ the packed weights (lamplight.native.pack, exact repacks of the GGUF blocks), no
 tables, LoRA adapters. Each step runs every row through the same native code, K/V written to
 the caller's paged pool, the recurrent layers' states (hybrid models) read from and written to
 its RecurrentPool (written once the whole step has succeeded), logits for the batch's logit
-rows. It reads only the spec: no PyTorch
-module of the model is built.
+rows. It reads only the spec: no PyTorch module of the model is built.
 
-Building the runner needs no torch (the spec's arrays and the packed weights are numpy's). A
-step still takes PyTorch's batch and state (lamplight.models.batch, lamplight.state), so the
-methods that run one import torch where they need it.
+Building the runner needs no torch (the spec's arrays and the packed weights are numpy's), nor
+does its state (new_state: numpy pools) or a context shift (lamplight.native.context_shift). A
+step still takes PyTorch's batch (lamplight.models.batch), so the methods that run one import
+torch where they need it; a step also runs on PyTorch pools on the CPU (the tests' shared pools).
 """
 
 from __future__ import annotations
 
 import ctypes
 import itertools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -28,9 +28,11 @@ from ..models.rope import RopeTables
 from ..models.spec import (DecoderSpec, DeltaNetSpec, ExpertsSpec, FeedForwardSpec, LayerSpec, Mamba2Spec, RecurrentSpec,
                            ShortConvSpec)
 from ..runner.base import ModelRunner
+from ..state import ModelState, kv_type
 from ..state.advance import advance_states
 from . import abi
 from .abi import NativeUnsupported
+from .context_shift import KeyRotation, shift_kv
 from .linear import address as _ptr, describe_linear, hold, pack_groups
 from .threads import configured_threads
 
@@ -38,7 +40,6 @@ if TYPE_CHECKING:
     import torch
 
     from ..models.batch import ForwardBatch
-    from ..state import ModelState
     from ..state.kv import KVPool
     from ..state.recurrent import RecurrentPool
 
@@ -49,14 +50,8 @@ _ACTIVATIONS = {"silu": abi.LP_ACT_SILU, "gelu_tanh": abi.LP_ACT_GELU_TANH, "gel
 
 
 def native_kv_type(kind) -> int:
-    """The C side's LP_KV_* of a pool's K or V type (a torch dtype or a kv_quant type)."""
-    import torch
-
-    from ..state.kv_quant import KVQuant
-
-    if isinstance(kind, KVQuant):
-        return kind.native_id
-    return {torch.float32: abi.LP_KV_F32, torch.float16: abi.LP_KV_F16, torch.bfloat16: abi.LP_KV_BF16}[kind]
+    """The C side's LP_KV_* of a pool's K or V type (lamplight.state.kv_type's forms)."""
+    return kv_type(kind).native_id
 
 
 class NativeRunner(ModelRunner):
@@ -72,7 +67,6 @@ class NativeRunner(ModelRunner):
         self.lib = lib
         self.packed = packed
         self.ropes = [RopeTables.compute(r.n_rot, r.base, r.max_pos, r.freq_factors, r.scaling) for r in spec.ropes]
-        self._rotaries = None  # the ropes as PyTorch modules, made for the first context shift
         self._adapters: list[LoraAdapter] = []
         self._packed: dict[tuple[str, ...], list] = {}  # packed parts by weight names (kept across rebuilds)
         self._kv_desc: tuple[KVPool, abi.KV] | None = None  # (the pool, its description)
@@ -124,13 +118,19 @@ class NativeRunner(ModelRunner):
         """Bytes of the forward's working buffers so far (they grow with the largest step)."""
         return self.lib.lp_model_scratch_bytes(self.handle)
 
-    def shift_kv(self, state: ModelState, src: torch.Tensor, dst: torch.Tensor, delta: int) -> None:
-        from ..models.layers import Rotary, shift_kv
+    def new_state(self, num_tokens: int, k_dtype=None, v_dtype=None, device: str = "cpu",
+                  n_sequences: int = 1) -> ModelState:
+        """Numpy pools (the native forward computes on the CPU)."""
+        if str(device) != "cpu":
+            raise ValueError(f"the native forward keeps its state on the CPU, not on {device}")
+        return ModelState.allocate(self.state_spec, num_tokens, k_dtype, v_dtype, n_sequences)
 
-        if self._rotaries is None:
-            self._rotaries = [Rotary.from_spec(r) for r in self.spec.ropes]
+    def shift_kv(self, state: ModelState, src: Sequence[int], dst: Sequence[int], delta: int) -> None:
+        """The keys re-rotated on numpy, as the PyTorch path rotates them (lamplight.native.context_shift)."""
         owners = [layer.attn for layer in self.spec.layers if layer.attn is not None and layer.attn.owns_kv]
-        shift_kv(state.kv, [None if a.rope is None else self._rotaries[a.rope] for a in owners], src, dst, delta)
+        rotations = [None if a.rope is None else KeyRotation(self.ropes[a.rope], self.spec.ropes[a.rope].neox)
+                     for a in owners]
+        shift_kv(self.lib, state.kv, rotations, src, dst, delta)
 
     def __del__(self):
         handle = getattr(self, "handle", None)
@@ -411,8 +411,6 @@ class NativeRunner(ModelRunner):
     def _states(self, batch: ForwardBatch, pool: RecurrentPool | None) -> abi.States:
         """The recurrent pool's description with this step's row slots; each chunk's start is
         checked against its slot (as the PyTorch path checks it)."""
-        import torch
-
         if pool is None:
             raise ValueError("this model has recurrent layers: its state needs recurrent slots (new_state)")
         seen = set()
@@ -423,7 +421,7 @@ class NativeRunner(ModelRunner):
             seen.add(chunk.state_slot)
         if self._state_desc is None or self._state_desc[0] is not pool:
             if pool.layouts != self.spec.state_spec.recurrent or any(
-                    not t.is_contiguous() or t.dtype != torch.float32 for t in (*pool.history, *pool.matrix) if t is not None):
+                    not _float32_rows(t) for t in (*pool.history, *pool.matrix) if t is not None):
                 raise ValueError("native forward: a recurrent state pool not laid out for this model")
             self._state_desc = (pool, states_description(pool.n_sequences, pool.history, pool.matrix))
         desc = self._state_desc[1]
@@ -443,6 +441,14 @@ class NativeRunner(ModelRunner):
         flags = np.zeros(embd.shape[0], dtype=np.uint8)
         flags[rows.numpy()] = 1
         return flags
+
+
+def _float32_rows(t) -> bool:
+    """Whether a state array is contiguous float32, as the C side reads it: a numpy array, or a
+    PyTorch tensor (the tests' shared pools), named by its dtype's name."""
+    if isinstance(t, np.ndarray):
+        return t.dtype == np.float32 and t.flags.c_contiguous
+    return t.is_contiguous() and str(t.dtype) == "torch.float32"
 
 
 def _check_supported(spec: DecoderSpec) -> None:

@@ -10,8 +10,9 @@ Backends: "reference" (PyTorch, dequantized float32: what the fidelity tests che
 (PyTorch's packed 4-bit and bf16 kernels), "compiled" (pytorch with decode steps through
 torch.compile), "native" (the C++ forward of lamplight.native).
 
-This module imports without torch (a native runner is built without it); the steps' batches
-and state are PyTorch's, imported where a step or a state is made.
+This module imports without torch (a native runner is built without it); each runner makes its
+own state (`new_state`: numpy pools for the native forward, PyTorch pools for the PyTorch
+runners); the steps' batches are PyTorch's, imported where a step is made.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 
     from ..models.batch import ForwardBatch, SequenceChunk
     from ..state import ModelState
-    from ..state.kv import KVType
 
 
 class ModelRunner(ABC):
@@ -55,17 +55,13 @@ class ModelRunner(ABC):
     def state_spec(self) -> StateSpec:
         return self.spec.state_spec
 
-    def new_state(self, num_tokens: int, k_dtype: KVType | None = None, v_dtype: KVType | None = None,
-                  device: torch.device | str = "cpu", n_sequences: int = 1) -> ModelState:
+    @abstractmethod
+    def new_state(self, num_tokens: int, k_dtype=None, v_dtype=None, device: str = "cpu",
+                  n_sequences: int = 1) -> ModelState:
         """Storage for `num_tokens` token positions of K/V shared by all sequences, and (models
         with recurrent layers) `n_sequences` recurrent state slots (SequenceChunk.state_slot).
-        K is stored as `k_dtype` (None: float32), V as `v_dtype` (None: as K)."""
-        import torch
-
-        from ..state import ModelState
-
-        k_dtype = torch.float32 if k_dtype is None else k_dtype
-        return ModelState.allocate(self.state_spec, num_tokens, k_dtype, v_dtype, device, n_sequences=n_sequences)
+        K is stored as `k_dtype` (a KV type, its name or a float dtype: lamplight.state.kv_type;
+        None: f32), V as `v_dtype` (None: as K)."""
 
     def run(self, chunks: Sequence[SequenceChunk], state: ModelState) -> torch.Tensor:
         """One step over `chunks` (in row order): logits [rows needing them, vocab]."""
@@ -78,9 +74,10 @@ class ModelRunner(ABC):
         """`run` for a batch already built (tests build mixed batches by hand)."""
 
     @abstractmethod
-    def shift_kv(self, state: ModelState, src: torch.Tensor, dst: torch.Tensor, delta: int) -> None:
-        """Move cached K/V entries from indices `src` to `dst`, their positions moved by `delta`
-        (context shift: keys are re-rotated, nothing is recomputed)."""
+    def shift_kv(self, state: ModelState, src: Sequence[int], dst: Sequence[int], delta: int) -> None:
+        """Move cached K/V entries from indices `src` to `dst` (sequences of ints or int64
+        arrays), their positions moved by `delta` (context shift: keys are re-rotated, nothing is
+        recomputed)."""
 
     @abstractmethod
     def describe(self) -> str:

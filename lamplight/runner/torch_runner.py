@@ -1,6 +1,9 @@
-"""The PyTorch backends: the decoder's modules on the reference kernels, or on the fast ones."""
+"""The PyTorch backends: the decoder's modules on the reference kernels, or on the fast ones,
+on PyTorch state (lamplight.state.torch_pools) on their device."""
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 
@@ -11,6 +14,7 @@ from ..models.lora import LoraScales, check_adapters
 from ..models.lora_hooks import attach_loras
 from ..models.spec import DecoderSpec
 from ..state import ModelState
+from ..state.torch_pools import torch_state
 from .base import ModelRunner
 from .fast_path import use_fast_path
 
@@ -31,13 +35,18 @@ class TorchRunner(ModelRunner):
             self.model.token_embd  # materialised here so that .to() moves it
             self.model.to(device)
 
+    def new_state(self, num_tokens: int, k_dtype=None, v_dtype=None, device: torch.device | str = "cpu",
+                  n_sequences: int = 1) -> ModelState:
+        return torch_state(self.state_spec, num_tokens, k_dtype, v_dtype, device, n_sequences)
+
     def run_batch(self, batch: ForwardBatch, state: ModelState) -> torch.Tensor:
         if self.model.row_split is not None:
             self.model.row_split.decode_rows = batch.leading_decode_tokens
         return self.model.compute(batch, state)
 
-    def shift_kv(self, state: ModelState, src: torch.Tensor, dst: torch.Tensor, delta: int) -> None:
-        shift_kv(state.kv, self.model.layer_ropes(), src, dst, delta)
+    def shift_kv(self, state: ModelState, src: Sequence[int], dst: Sequence[int], delta: int) -> None:
+        index = lambda slots: torch.as_tensor(slots, dtype=torch.long, device=state.device)  # noqa: E731
+        shift_kv(state.kv, self.model.layer_ropes(), index(src), index(dst), delta)
 
     def attach_loras(self, adapters: list) -> LoraScales:
         check_adapters(self.spec, adapters)

@@ -7,8 +7,9 @@ it to every step with the indices each sequence owns: the paged KV of the attent
 sequence (lamplight.state.recurrent). Encoder outputs would be further fields of the same two
 records.
 
-The layouts import without torch; the pools (PyTorch tensors) are imported on first use, so
-that describing a model does not load torch.
+The layouts, the KV types and the pools on numpy (the native forward's) import without torch;
+the pools on PyTorch storage (lamplight.state.torch_pools: the PyTorch runners') are imported on
+first use.
 
 This package sits below the models and the runners: it imports neither.
 """
@@ -17,17 +18,22 @@ from __future__ import annotations
 
 import importlib
 
+from .kv import KVPool
+from .kv_types import KV_TYPES, KVType, kv_type
 from .layout import KVLayout, RecurrentLayout, StateSpec
+from .model_state import ModelState
+from .recurrent import RecurrentPool
 
 # The names backed by PyTorch storage, by the module that defines each.
-_POOLS = {"KVPool": ".kv", "ModelState": ".model_state", "RecurrentPool": ".recurrent"}
+_TORCH_NAMES = {"TorchKVPool": ".torch_pools", "TorchRecurrentPool": ".torch_pools", "torch_state": ".torch_pools"}
 
 
 def __getattr__(name: str):
-    module = _POOLS.get(name)
+    module = _TORCH_NAMES.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(module, __name__), name)
 
 
-__all__ = ["KVLayout", "KVPool", "ModelState", "RecurrentLayout", "RecurrentPool", "StateSpec"]
+__all__ = ["KV_TYPES", "KVLayout", "KVPool", "KVType", "ModelState", "RecurrentLayout", "RecurrentPool", "StateSpec",
+           "TorchKVPool", "TorchRecurrentPool", "kv_type", "torch_state"]

@@ -1,8 +1,9 @@
 """What a model keeps per sequence, described without storage: the K/V layout of its attention
 layers, the recurrent state of its recurrent layers, and the two together (`StateSpec`).
 
-The pools that hold the state (lamplight.state.kv, lamplight.state.recurrent) are PyTorch's;
-these descriptions are not, so that a model definition (lamplight.models.spec) needs no torch.
+The pools that hold the state are lamplight.state.kv's and lamplight.state.recurrent's (numpy
+storage, or PyTorch's in lamplight.state.torch_pools); these descriptions hold none, so that a
+model definition (lamplight.models.spec) needs no storage at all.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from dataclasses import dataclass
 
 
 def type_bits(kind) -> float:
-    """Bits per value of a K/V type: a torch dtype, a block-quantized type
-    (lamplight.state.kv_quant.KVQuant, which says its bits), or None for float32."""
+    """Bits per value of a K/V type: a KV type (lamplight.state.kv_types, which says its bits), a
+    torch or numpy dtype, or None for float32."""
     if kind is None:
         return 32
     bits = getattr(kind, "bits", None)

@@ -8,14 +8,16 @@ after the first `tokens[s]` tokens of whatever sequence owns it, and a step cont
 there. Which sequence owns which slot, and checkpoints of it (`snapshot` / `restore`), are the
 caller's business (the engine); models read a chunk's slot at its start and write it at its end.
 
-All recurrent state is float32, as llama.cpp keeps it.
+All recurrent state is float32, as llama.cpp keeps it. `RecurrentPool` keeps it in numpy arrays
+(the native forward's); the PyTorch runners' pools are `TorchRecurrentPool`s
+(lamplight.state.torch_pools), tensors with the reads and writes the PyTorch model makes.
 """
 
 from __future__ import annotations
 
 import math
 
-import torch
+import numpy as np
 
 from .layout import RecurrentLayout
 
@@ -24,24 +26,25 @@ class RecurrentPool:
     """Every recurrent layer's state for `n_sequences` slots: layer i's history
     [n_sequences, K-1, channels] and matrix [n_sequences, *matrix]."""
 
-    def __init__(self, layouts: tuple[RecurrentLayout, ...], n_sequences: int, device: torch.device | str = "cpu"):
+    def __init__(self, layouts: tuple[RecurrentLayout, ...], n_sequences: int):
         if n_sequences < 1:
             raise ValueError(f"a recurrent state pool needs at least one sequence slot, not {n_sequences}")
         self.layouts = layouts
         self.n_sequences = n_sequences
-        self.history = [torch.zeros((n_sequences, *lay.history), device=device) for lay in layouts]
-        self.matrix = [torch.zeros((n_sequences, *lay.matrix), device=device) if lay.matrix else None for lay in layouts]
+        self.history = [self._zeros((n_sequences, *lay.history)) for lay in layouts]
+        self.matrix = [self._zeros((n_sequences, *lay.matrix)) if lay.matrix else None for lay in layouts]
         self.tokens = [0] * n_sequences  # how many tokens each slot's state has folded in
 
-    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Copies of layer `layer`'s history and matrix at `slots` ([B])."""
-        matrix = self.matrix[layer]
-        return self.history[layer].index_select(0, slots), None if matrix is None else matrix.index_select(0, slots)
+    def _zeros(self, shape: tuple[int, ...]):
+        return np.zeros(shape, dtype=np.float32)
 
-    def write(self, layer: int, slots: torch.Tensor, history: torch.Tensor, matrix: torch.Tensor | None) -> None:
-        self.history[layer].index_copy_(0, slots, history)
-        if matrix is not None:
-            self.matrix[layer].index_copy_(0, slots, matrix)
+    def _flat(self, parts: list):
+        """One flat copy of these flat float32 parts (none: an empty array)."""
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+
+    def _as_storage(self, snapshot):
+        """A snapshot's values as this pool's arrays take them (any float32 array on the CPU)."""
+        return np.asarray(snapshot, dtype=np.float32)
 
     def check_start(self, slot: int, start_pos: int) -> None:
         """A chunk continues its slot's state: it starts where the slot stopped, or at 0 (a new
@@ -60,26 +63,23 @@ class RecurrentPool:
                 matrix[dst] = matrix[src]
         self.tokens[dst] = self.tokens[src]
 
-    def snapshot(self, slot: int) -> torch.Tensor:
-        """One slot's state as one flat float32 tensor (a checkpoint, e.g. kept in RAM)."""
-        parts = [h[slot].reshape(-1) for h in self.history] + [m[slot].reshape(-1) for m in self.matrix if m is not None]
-        return torch.cat(parts) if parts else torch.zeros(0)
+    def snapshot(self, slot: int):
+        """A copy of one slot's state as one flat float32 array (a checkpoint, e.g. kept in RAM)."""
+        return self._flat([h[slot].reshape(-1) for h in self.history]
+                          + [m[slot].reshape(-1) for m in self.matrix if m is not None])
 
-    def restore(self, slot: int, snapshot: torch.Tensor, n_tokens: int) -> None:
+    def restore(self, slot: int, snapshot, n_tokens: int) -> None:
         """Put a `snapshot` taken after `n_tokens` tokens back into `slot`."""
-        if snapshot.numel() != self.floats_per_sequence:
-            raise ValueError(f"a recurrent snapshot of {snapshot.numel()} floats; this model's state has "
+        size = math.prod(snapshot.shape)
+        if size != self.floats_per_sequence:
+            raise ValueError(f"a recurrent snapshot of {size} floats; this model's state has "
                              f"{self.floats_per_sequence}")
-        parts = iter(snapshot.to(self.history[0].device if self.history else "cpu").split(self._part_sizes()))
-        for h in self.history:
-            h[slot] = next(parts).view(h.shape[1:])
-        for m in self.matrix:
-            if m is not None:
-                m[slot] = next(parts).view(m.shape[1:])
+        flat, offset = self._as_storage(snapshot).reshape(-1), 0
+        for part in [*self.history, *(m for m in self.matrix if m is not None)]:
+            n = math.prod(part.shape[1:])
+            part[slot] = flat[offset:offset + n].reshape(part.shape[1:])
+            offset += n
         self.tokens[slot] = n_tokens
-
-    def _part_sizes(self) -> list[int]:
-        return [math.prod(lay.history) for lay in self.layouts] + [math.prod(lay.matrix) for lay in self.layouts if lay.matrix]
 
     @property
     def floats_per_sequence(self) -> int:
