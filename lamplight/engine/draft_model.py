@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..models.batch import SequenceChunk
+from ..models.chunks import SequenceChunk
 from ..runner.base import ModelRunner
-from ..sampling.arrays import as_logits
 from ..speculative.config import DRAFT_MODEL_KIND, DraftModelSizes
 from ..state.kv_types import KVType
 from .config import CACHE_TYPES, EngineConfig
@@ -146,7 +145,7 @@ class DraftModel:
                     last.append(job)
             if not chunks:
                 return drafting
-            logits = as_logits(self.runner.run(chunks, self.state))
+            logits = self.runner.step(chunks, self.state)
             drafting.extend(job for i, job in enumerate(last) if self._take(job, logits[i]))
 
     def _draft_step(self, jobs: list[_Job]) -> list[_Job]:
@@ -158,7 +157,7 @@ class DraftModel:
             chunks.append(SequenceChunk([token], pos, job.read.table.slots(0, pos + 1)))
             job.read.tokens.append(token)
             job.read.table.num_tokens = pos + 1
-        logits = as_logits(self.runner.run(chunks, self.state))
+        logits = self.runner.step(chunks, self.state)
         return [job for i, job in enumerate(jobs) if self._take(job, logits[i])]
 
     def _take(self, job: _Job, logits: np.ndarray) -> bool:

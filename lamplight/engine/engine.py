@@ -30,11 +30,10 @@ import torch
 
 from ..grammar import fill_masks
 from ..heap import release_freed_memory
-from ..models.batch import SequenceChunk
+from ..models.chunks import SequenceChunk
 from ..models.lora import LoraAdapter
 from ..runner.base import ModelRunner
 from ..sampling import SequenceSampler, sample_batch
-from ..sampling.arrays import as_logits
 from ..speculative import SpecRequest, SpeculatorFactory
 from ..speculative.config import types_text
 from . import slot_actions, views
@@ -431,8 +430,6 @@ class Engine:
         decode_only = all(seq.state == SeqState.DECODE for seq, _ in plan)
         self.lora_sets.use(plan[0][0].handle.lora_key)
         plan, logits = self._forward(plan)
-        if logits is not None:
-            logits = as_logits(logits)  # what the sampler takes: numpy on the CPU, converted once a step
         self.stats["steps"] += 1
         if self.checkpoints is not None:
             self._keep_checkpoints(plan)
@@ -482,10 +479,11 @@ class Engine:
         log.error("request %d failed in the engine", handle.task_id, exc_info=exc)
         self._fail(handle, f"internal error in the engine: {exc!r}")
 
-    def _run_model(self, chunks: list[SequenceChunk]) -> torch.Tensor:
-        return self.runner.run(chunks, self.state)
+    def _run_model(self, chunks: list[SequenceChunk]) -> np.ndarray:
+        """The step's logits as the sampler takes them: float32 numpy on the CPU."""
+        return self.runner.step(chunks, self.state)
 
-    def _forward(self, plan: list[tuple[Sequence, SequenceChunk]]) -> tuple[list, torch.Tensor | None]:
+    def _forward(self, plan: list[tuple[Sequence, SequenceChunk]]) -> tuple[list, np.ndarray | None]:
         """The step's logits, one row per chunk that needs them, and the plan entries they are for.
         If the batch fails, each sequence runs alone so that only the one(s) at fault fail (their
         K/V slots are their own, so running a chunk again rewrites the same values)."""
@@ -501,7 +499,7 @@ class Engine:
             if logits is not None:
                 kept.append((seq, chunk))
                 rows.append(logits)
-        return kept, torch.cat(rows) if rows else None
+        return kept, np.concatenate(rows) if rows else None
 
     def _plan_step(self) -> list[tuple[Sequence, SequenceChunk]]:
         """The step: a decode token of every generating sequence, then prompt chunks in arrival

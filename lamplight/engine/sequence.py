@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from .kv_cache import BlockTable
 from .stopping import StopMatcher
-from ..models.batch import GivenRows
+from ..models.chunks import GivenRows
 from ..sampling import ReasoningBudget, TokenProbs
 from .types import FinalEvent, GenerationRequest, Timings, TokenEvent, is_placeholder
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..models.batch import SequenceChunk
+from ..models.chunks import SequenceChunk
 from .sequence import Sequence
 
 

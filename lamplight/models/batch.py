@@ -10,6 +10,11 @@ call serves the group. The masks are built once per step and shared by all layer
 A chunk may carry given rows (GivenRows: an image's embeddings at some of its positions), which
 replace those rows' token embeddings; a non-causal span of them is masked so that its rows see
 each other both ways.
+
+The rows are flattened once, as numpy (lamplight.models.rows, what the native forward reads);
+this module puts them on a device as PyTorch tensors and adds the attention groups the PyTorch
+path computes with. SequenceChunk, GivenRows and count_leading_decode are lamplight.models.chunks'
+(imported from here too).
 """
 
 from __future__ import annotations
@@ -26,6 +31,12 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from .chunks import GivenRows, SequenceChunk, count_leading_decode
+from .rows import BatchRows, batch_rows
+
+__all__ = ["AttentionGroup", "DECODE_KEY_ALIGN", "ForwardBatch", "GivenRows", "SequenceChunk", "build_forward_batch",
+           "count_leading_decode"]
+
 
 # Query rows of one (KV head, sequence) matmul are padded to a multiple of this: MKL computes a
 # row of a 1-3 row product (or of a remainder block) in another order than the rows of a larger
@@ -36,42 +47,6 @@ QUERY_ROW_MULTIPLE = 4
 def padded_query_rows(n_queries: int, heads_per_kv: int) -> int:
     """The rows of one (KV head, sequence) score matmul: its queries' heads, padded."""
     return -(-n_queries * heads_per_kv // QUERY_ROW_MULTIPLE) * QUERY_ROW_MULTIPLE
-
-
-@dataclass(frozen=True, eq=False)
-class GivenRows:
-    """Embeddings given for rows [first, first + n) of a chunk (counted from the chunk's first
-    token): they replace the token embeddings as they are, without the model's embedding scale
-    (an image's projector rows). `non_causal`: these rows attend to each other both ways (gemma3's
-    image rows; text stays causal), so the chunk must hold all of them."""
-
-    first: int
-    values: torch.Tensor  # float32 [n, n_embd]
-    non_causal: bool = False
-
-    @property
-    def n_rows(self) -> int:
-        return int(self.values.shape[0])
-
-
-@dataclass(frozen=True)
-class SequenceChunk:
-    """The part of one sequence computed in this step.
-
-    `kv_slots` lists, in position order, the pool index of every K/V entry the chunk attends to:
-    the cached context followed by the chunk's own tokens (whose entries are written this step).
-    `state_slot` is the recurrent state slot the sequence owns (models with recurrent layers):
-    read at the chunk's start, written at its end. The slot must hold the state after exactly
-    `start_pos` tokens (a chunk at 0 starts from zeros whatever the slot held).
-    """
-
-    token_ids: Sequence[int]
-    start_pos: int
-    kv_slots: Sequence[int]
-    need_logits: bool = True  # usually only the last chunk of a prompt, or a decode token
-    all_logits: bool = False  # logits for every token of the chunk (teacher forcing, scoring)
-    state_slot: int = 0
-    given_rows: tuple[GivenRows, ...] = field(default=(), compare=False)  # media rows, in row order
 
 
 @dataclass
@@ -133,6 +108,15 @@ class ForwardBatch:
     device: torch.device | str = "cpu"
     _groups: list[AttentionGroup] | None = None
 
+    def host_rows(self) -> BatchRows:
+        """The batch's rows as numpy arrays on the CPU (what the native forward reads), from its
+        tensors as they are (a test may have changed one)."""
+        host = lambda t: None if t is None else t.cpu().numpy()  # noqa: E731
+        rows, values = self.embedding_overrides or (None, None)
+        return BatchRows(host(self.token_ids), host(self.positions), host(self.kv_write_slots), host(self.logit_rows),
+                         self.chunks, host(rows), None if values is None else host(values.float()),
+                         host(self.key_ends), self.leading_decode_tokens)
+
     @property
     def groups(self) -> list[AttentionGroup]:
         """The PyTorch path's attention groups (built on first use: the native forward reads the
@@ -143,75 +127,20 @@ class ForwardBatch:
 
 
 def build_forward_batch(chunks: Sequence[SequenceChunk], device: torch.device | str = "cpu") -> ForwardBatch:
-    token_ids: list[int] = []
-    positions: list[int] = []
-    write_slots: list[int] = []
-    logit_rows: list[int] = []
-    given = _GivenCollector()
-    for chunk in chunks:
-        n = len(chunk.token_ids)
-        if n == 0:
-            raise ValueError("a sequence chunk must hold at least one token")
-        if len(chunk.kv_slots) != chunk.start_pos + n:
-            raise ValueError("kv_slots must cover the cached context and the chunk's own tokens")
-        first_row = len(token_ids)
-        token_ids.extend(chunk.token_ids)
-        given.add(chunk, first_row, token_ids)
-        positions.extend(range(chunk.start_pos, chunk.start_pos + n))
-        write_slots.extend(chunk.kv_slots[chunk.start_pos :])
-        if chunk.all_logits:
-            logit_rows.extend(range(first_row, first_row + n))
-        elif chunk.need_logits:
-            logit_rows.append(first_row + n - 1)
-    as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+    rows = batch_rows(chunks)
+    on_device = lambda a: None if a is None else torch.from_numpy(a).to(device)  # noqa: E731
+    given = on_device(rows.given_rows)
     return ForwardBatch(
-        token_ids=as_long(token_ids),
-        positions=as_long(positions),
-        kv_write_slots=as_long(write_slots),
-        logit_rows=as_long(logit_rows),
-        chunks=list(chunks),
-        embedding_overrides=given.overrides(device),
-        key_ends=given.key_ends(positions, device),
-        leading_decode_tokens=count_leading_decode(chunks),
+        token_ids=on_device(rows.token_ids),
+        positions=on_device(rows.positions),
+        kv_write_slots=on_device(rows.kv_write_slots),
+        logit_rows=on_device(rows.logit_rows),
+        chunks=rows.chunks,
+        embedding_overrides=None if given is None else (given, on_device(rows.given_values)),
+        key_ends=on_device(rows.key_ends),
+        leading_decode_tokens=rows.leading_decode_tokens,
         device=device,
     )
-
-
-class _GivenCollector:
-    """The chunks' given rows as ForwardBatch's overrides and key ends. The rows' token ids
-    (placeholders, outside the vocabulary) become 0 for the embedding lookup they skip."""
-
-    def __init__(self):
-        self.rows: list[int] = []
-        self.values: list[torch.Tensor] = []
-        self.spans: list[tuple[int, int]] = []  # (first row, end row) of each non-causal span
-
-    def add(self, chunk: SequenceChunk, first_row: int, token_ids: list[int]) -> None:
-        n = len(chunk.token_ids)
-        for given in chunk.given_rows:
-            if not 0 <= given.first <= given.first + given.n_rows <= n:
-                raise ValueError(f"given rows [{given.first}, {given.first + given.n_rows}) are outside the chunk "
-                                 f"of {n} tokens")
-            start = first_row + given.first
-            self.rows.extend(range(start, start + given.n_rows))
-            token_ids[start:start + given.n_rows] = [0] * given.n_rows
-            self.values.append(given.values)
-            if given.non_causal:
-                self.spans.append((start, start + given.n_rows))
-
-    def overrides(self, device) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if not self.rows:
-            return None
-        rows = torch.tensor(self.rows, dtype=torch.long, device=device)
-        return rows, torch.cat(self.values).to(device=device, dtype=torch.float32)
-
-    def key_ends(self, positions: list[int], device) -> torch.Tensor | None:
-        if not self.spans:
-            return None
-        ends = [p + 1 for p in positions]
-        for first, end in self.spans:
-            ends[first:end] = [positions[end - 1] + 1] * (end - first)
-        return torch.tensor(ends, dtype=torch.long, device=device)
 
 
 def _make_groups(chunks: Sequence[SequenceChunk], device) -> list[AttentionGroup]:
@@ -227,11 +156,6 @@ def _make_groups(chunks: Sequence[SequenceChunk], device) -> list[AttentionGroup
         groups.append(_make_group(decode, device))
     groups.extend(_make_group([item], device) for item in prefill)
     return groups
-
-
-def count_leading_decode(chunks: Sequence[SequenceChunk]) -> int:
-    """How many chunks at the start of a step are single tokens (decode tokens)."""
-    return next((i for i, c in enumerate(chunks) if len(c.token_ids) != 1), len(chunks))
 
 
 def _make_group(items: list[tuple[int, SequenceChunk]], device) -> AttentionGroup:

@@ -7,10 +7,11 @@ the caller's paged pool, the recurrent layers' states (hybrid models) read from 
 its RecurrentPool (written once the whole step has succeeded), logits for the batch's logit
 rows. It reads only the spec: no PyTorch module of the model is built.
 
-Building the runner needs no torch (the spec's arrays and the packed weights are numpy's), nor
-does its state (new_state: numpy pools) or a context shift (lamplight.native.context_shift). A
-step still takes PyTorch's batch (lamplight.models.batch), so the methods that run one import
-torch where they need it; a step also runs on PyTorch pools on the CPU (the tests' shared pools).
+No torch is needed to build it or to serve with it: its state is numpy's (new_state), a step
+reads the chunks' rows as numpy (lamplight.models.rows) and gives numpy logits (`step`), and a
+context shift re-rotates keys on numpy (lamplight.native.context_shift). `run`, `run_batch` and
+`hidden_states` give PyTorch tensors (tests, library users, the embedders) and import torch
+when called; a step also runs on PyTorch pools on the CPU (the tests' shared pools).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..gguf.file import TensorInfo
 from ..gguf.quant import dequantize, dequantize_rows
 from ..models.lora import LoraAdapter, LoraScales, check_adapters
 from ..models.rope import RopeTables
+from ..models.rows import BatchRows, batch_rows
 from ..models.spec import (DecoderSpec, DeltaNetSpec, ExpertsSpec, FeedForwardSpec, LayerSpec, Mamba2Spec, RecurrentSpec,
                            ShortConvSpec)
 from ..runner.base import ModelRunner
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..models.batch import ForwardBatch
+    from ..models.chunks import SequenceChunk
     from ..state.kv import KVPool
     from ..state.recurrent import RecurrentPool
 
@@ -330,14 +333,23 @@ class NativeRunner(ModelRunner):
             self._kv_desc = (kv, desc)
         return self._kv_desc[1]
 
-    def embeddings(self, token_ids: torch.Tensor) -> torch.Tensor:
+    def step(self, chunks: Sequence[SequenceChunk], state: ModelState) -> np.ndarray:
+        rows = batch_rows(chunks)
+        return self._forward(rows, state, rows.logit_rows, self.config.vocab_size, self.lib.lp_forward_states,
+                             loras=True)
+
+    def run(self, chunks: Sequence[SequenceChunk], state: ModelState) -> torch.Tensor:
+        """`step`'s logits (the same array) as a tensor."""
         import torch
 
-        return torch.from_numpy(dequantize_rows(self.spec.token_embd, token_ids.numpy()))
+        return torch.from_numpy(self.step(chunks, state))
 
     def run_batch(self, batch: ForwardBatch, state: ModelState) -> torch.Tensor:
-        logit_rows = batch.logit_rows.contiguous()
-        return self._step(batch, state, logit_rows, self.config.vocab_size, self.lib.lp_forward_states, loras=True)
+        import torch
+
+        rows = batch.host_rows()
+        return torch.from_numpy(self._forward(rows, state, rows.logit_rows, self.config.vocab_size,
+                                              self.lib.lp_forward_states, loras=True))
 
     def hidden_states(self, batch: ForwardBatch, state: ModelState) -> torch.Tensor:
         """Every row's final hidden states (after output_norm) [rows, n_embd] instead of logits:
@@ -346,46 +358,46 @@ class NativeRunner(ModelRunner):
         caller's for this call only: the engine's pools stay described, and `state` is not kept."""
         import torch
 
-        rows = torch.arange(batch.token_ids.numel())
+        rows = batch.host_rows()
+        every_row = np.arange(rows.token_ids.size, dtype=np.int64)
         described = self._kv_desc, self._state_desc
         try:
-            return self._step(batch, state, rows, self.config.n_embd, self.lib.lp_forward_hidden, loras=False)
+            return torch.from_numpy(self._forward(rows, state, every_row, self.config.n_embd,
+                                                  self.lib.lp_forward_hidden, loras=False))
         finally:
             self._kv_desc, self._state_desc = described
 
-    def _step(self, batch: ForwardBatch, state: ModelState, logit_rows: torch.Tensor, width: int, entry,
-              loras: bool) -> torch.Tensor:
+    def _forward(self, rows: BatchRows, state: ModelState, logit_rows: np.ndarray, width: int, entry,
+                 loras: bool) -> np.ndarray:
         """One call of `entry` (lp_forward_states or lp_forward_hidden): its output [logit rows, width]."""
-        import torch
-
-        embd = self.embeddings(batch.token_ids)
-        given = self._given_rows(batch, embd)
-        key_ends = batch.key_ends.contiguous() if batch.key_ends is not None else None
-        key_offsets, key_slots = key_table(batch)
-        positions = batch.positions.contiguous()
-        write_slots = batch.kv_write_slots.contiguous()
+        embd = dequantize_rows(self.spec.token_embd, rows.token_ids)
+        given = _given_rows(rows, embd)
+        key_ends = None if rows.key_ends is None else np.ascontiguousarray(rows.key_ends)
+        key_offsets, key_slots = key_table(rows)
+        positions, write_slots = np.ascontiguousarray(rows.positions), np.ascontiguousarray(rows.kv_write_slots)
+        logit_rows = np.ascontiguousarray(logit_rows)
         n_rows = embd.shape[0]
         # The C side reads int64 [n_rows] arrays and float32 embeddings [n_rows, n_embd]: what it
         # cannot see (dtypes, lengths) is checked here; the values in them it checks itself.
-        if (embd.dtype != torch.float32 or not embd.is_contiguous() or embd.shape[1] != self.config.n_embd
-                or any(t.dtype != torch.int64 or t.numel() != n_rows for t in (positions, write_slots))
-                or logit_rows.dtype != torch.int64 or len(key_offsets) != n_rows
-                or (key_ends is not None and (key_ends.dtype != torch.int64 or key_ends.numel() != n_rows))):
+        if (embd.dtype != np.float32 or not embd.flags.c_contiguous or embd.shape[1] != self.config.n_embd
+                or any(a.dtype != np.int64 or a.size != n_rows for a in (positions, write_slots))
+                or logit_rows.dtype != np.int64 or len(key_offsets) != n_rows
+                or (key_ends is not None and (key_ends.dtype != np.int64 or key_ends.size != n_rows))):
             raise ValueError("native forward: the batch's arrays are not int64 [rows] (embeddings float32 [rows, n_embd])")
         ple = self.spec.per_layer_inputs
-        per_layer_rows = None if ple is None else dequantize_rows(ple.token_embd, batch.token_ids.numpy())
-        out = torch.empty(logit_rows.numel(), width)
+        per_layer_rows = None if ple is None else dequantize_rows(ple.token_embd, rows.token_ids)
+        out = np.empty((logit_rows.size, width), dtype=np.float32)
         scales = self.step_lora_scales() if loras else None
-        b = abi.Batch(n_rows=n_rows, n_logits=logit_rows.numel(), n_key_slots=key_slots.size,
+        b = abi.Batch(n_rows=n_rows, n_logits=logit_rows.size, n_key_slots=key_slots.size,
                       n_lora_scales=0 if scales is None else scales.size, embeddings=_ptr(embd),
                       positions=_ptr(positions), write_slots=_ptr(write_slots), key_offsets=_ptr(key_offsets),
                       key_slots=_ptr(key_slots), logit_rows=_ptr(logit_rows), lora_scales=_ptr(scales),
                       key_ends=_ptr(key_ends), given_rows=_ptr(given), per_layer_rows=_ptr(per_layer_rows))
         pool = self._kv(state.kv)
-        states = self._states(batch, state.recurrent) if self._recurrent_layers else None
-        self.call_forward(entry, b, pool, states, out.data_ptr())
+        states = self._states(rows, state.recurrent) if self._recurrent_layers else None
+        self.call_forward(entry, b, pool, states, _ptr(out))
         if states is not None:
-            advance_states(batch, state.recurrent)
+            advance_states(rows, state.recurrent)
         return out
 
     def call_forward(self, entry, batch: abi.Batch, pool: abi.KV, states: abi.States | None, out: int) -> None:
@@ -408,13 +420,13 @@ class NativeRunner(ModelRunner):
             self._n_recurrent = len(self.spec.state_spec.recurrent)
         return self._n_recurrent
 
-    def _states(self, batch: ForwardBatch, pool: RecurrentPool | None) -> abi.States:
+    def _states(self, rows: BatchRows, pool: RecurrentPool | None) -> abi.States:
         """The recurrent pool's description with this step's row slots; each chunk's start is
         checked against its slot (as the PyTorch path checks it)."""
         if pool is None:
             raise ValueError("this model has recurrent layers: its state needs recurrent slots (new_state)")
         seen = set()
-        for chunk in batch.chunks:
+        for chunk in rows.chunks:
             pool.check_start(chunk.state_slot, chunk.start_pos)
             if chunk.state_slot in seen:
                 raise ValueError(f"two chunks of one step on recurrent state slot {chunk.state_slot}")
@@ -425,22 +437,21 @@ class NativeRunner(ModelRunner):
                 raise ValueError("native forward: a recurrent state pool not laid out for this model")
             self._state_desc = (pool, states_description(pool.n_sequences, pool.history, pool.matrix))
         desc = self._state_desc[1]
-        slots = np.fromiter(itertools.chain.from_iterable([c.state_slot] * len(c.token_ids) for c in batch.chunks),
-                            dtype=np.int64, count=batch.token_ids.numel())
+        slots = np.fromiter(itertools.chain.from_iterable([c.state_slot] * len(c.token_ids) for c in rows.chunks),
+                            dtype=np.int64, count=rows.token_ids.size)
         set_row_slots(desc, slots)
         return desc
 
-    @staticmethod
-    def _given_rows(batch: ForwardBatch, embd: torch.Tensor) -> np.ndarray | None:
-        """Writes the batch's given rows (images) into `embd`; their flags for the C side, which
-        leaves them unscaled (None: no given rows)."""
-        if batch.embedding_overrides is None:
-            return None
-        rows, values = batch.embedding_overrides
-        embd[rows] = values.to(embd.dtype)
-        flags = np.zeros(embd.shape[0], dtype=np.uint8)
-        flags[rows.numpy()] = 1
-        return flags
+
+def _given_rows(rows: BatchRows, embd: np.ndarray) -> np.ndarray | None:
+    """Writes the rows' given embeddings (images) into `embd`; their flags for the C side, which
+    leaves them unscaled (None: no given rows)."""
+    if rows.given_rows is None:
+        return None
+    embd[rows.given_rows] = rows.given_values
+    flags = np.zeros(embd.shape[0], dtype=np.uint8)
+    flags[rows.given_rows] = 1
+    return flags
 
 
 def _float32_rows(t) -> bool:
@@ -537,7 +548,7 @@ def set_row_slots(desc: abi.States, slots: np.ndarray) -> None:
     desc.n_rows, desc.row_slots = slots.size, _ptr(slots)
 
 
-def key_table(batch: ForwardBatch) -> tuple[np.ndarray, np.ndarray]:
+def key_table(batch: BatchRows) -> tuple[np.ndarray, np.ndarray]:
     """Each row's key slots in the pool: (offsets [T], slots); row r's key at position p is
     slots[offsets[r] + p]. A chunk's rows share its slot list (causality comes from positions)."""
     offsets, base = [], 0

@@ -2,17 +2,18 @@
 
 A runner is built once from a model definition (lamplight.models.spec.DecoderSpec) for one
 backend (`lamplight.loader.build_runner` is the one place the backend is chosen), and is all an
-engine calls: `run(chunks, state)` computes one step (every chunk's tokens, K/V written into
-`state`) and returns the logits of the rows that need them. Whoever calls it owns the state
-(`new_state`) and says which state indices each chunk reads and writes.
+engine calls: `step(chunks, state)` computes one step (every chunk's tokens, K/V written into
+`state`) and returns the logits of the rows that need them as a float32 numpy array, what the
+sampler takes. Whoever calls it owns the state (`new_state`) and says which state indices each
+chunk reads and writes. `run` is the same step with the logits as a PyTorch tensor (tests and
+library users compare and score with them).
 
 Backends: "reference" (PyTorch, dequantized float32: what the fidelity tests check), "pytorch"
 (PyTorch's packed 4-bit and bf16 kernels), "compiled" (pytorch with decode steps through
-torch.compile), "native" (the C++ forward of lamplight.native).
+torch.compile), "native" (the C++ forward of lamplight.native, on numpy state: a native engine
+never imports torch).
 
-This module imports without torch (a native runner is built without it); each runner makes its
-own state (`new_state`: numpy pools for the native forward, PyTorch pools for the PyTorch
-runners); the steps' batches are PyTorch's, imported where a step is made.
+This module imports without torch.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from ..models.spec import DecoderSpec
 from ..state import StateSpec
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
-    from ..models.batch import ForwardBatch, SequenceChunk
+    from ..models.batch import ForwardBatch
+    from ..models.chunks import SequenceChunk
     from ..state import ModelState
 
 
@@ -63,8 +66,13 @@ class ModelRunner(ABC):
         K is stored as `k_dtype` (a KV type, its name or a float dtype: lamplight.state.kv_type;
         None: f32), V as `v_dtype` (None: as K)."""
 
+    @abstractmethod
+    def step(self, chunks: Sequence[SequenceChunk], state: ModelState) -> np.ndarray:
+        """One step over `chunks` (in row order): logits [rows needing them, vocab] as a float32
+        numpy array (the engine's step)."""
+
     def run(self, chunks: Sequence[SequenceChunk], state: ModelState) -> torch.Tensor:
-        """One step over `chunks` (in row order): logits [rows needing them, vocab]."""
+        """`step`'s logits as a PyTorch tensor."""
         from ..models.batch import build_forward_batch
 
         return self.run_batch(build_forward_batch(chunks, device=state.device), state)

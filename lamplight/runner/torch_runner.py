@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
-from ..models.batch import ForwardBatch
+from ..models.batch import ForwardBatch, SequenceChunk
 from ..models.decoder import Decoder
 from ..models.layers import shift_kv
 from ..models.lora import LoraScales, check_adapters
 from ..models.lora_hooks import attach_loras
 from ..models.spec import DecoderSpec
+from ..sampling.arrays import as_logits
 from ..state import ModelState
 from ..state.torch_pools import torch_state
 from .base import ModelRunner
@@ -38,6 +40,12 @@ class TorchRunner(ModelRunner):
     def new_state(self, num_tokens: int, k_dtype=None, v_dtype=None, device: torch.device | str = "cpu",
                   n_sequences: int = 1) -> ModelState:
         return torch_state(self.state_spec, num_tokens, k_dtype, v_dtype, device, n_sequences)
+
+    def step(self, chunks: Sequence[SequenceChunk], state: ModelState) -> np.ndarray:
+        """`run` without autograd (as CompiledRunner.warm_up compiles its graphs), its logits
+        brought to the CPU as numpy."""
+        with torch.no_grad():
+            return as_logits(self.run(chunks, state))
 
     def run_batch(self, batch: ForwardBatch, state: ModelState) -> torch.Tensor:
         if self.model.row_split is not None:
