@@ -7,45 +7,13 @@ script runs in a fresh interpreter whose imports of torch raise."""
 from __future__ import annotations
 
 import importlib.metadata
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from no_torch import printed, run_without_torch
 from tiny_gguf import write_tiny_llama, write_tiny_lora
 
 from lamplight.native import build, runtime
 from lamplight.native.threads import default_threads
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-# Prepended to each script: any import of torch or a torch submodule raises.
-NO_TORCH = """
-import importlib.abc, sys
-
-class NoTorch(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError(f"torch imported: {name}")
-        return None
-
-sys.meta_path.insert(0, NoTorch())
-"""
-
-
-def run_without_torch(script: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`script` in a fresh interpreter that cannot import torch, with this checkout's lamplight;
-    `env`: variables to set (None values: to unset)."""
-    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
-    environment = {**os.environ, **(env or {}), "PYTHONPATH": path}
-    return subprocess.run([sys.executable, "-c", NO_TORCH + script], cwd=REPO_ROOT, capture_output=True, text=True,
-                          env={name: value for name, value in environment.items() if value is not None}, timeout=300)
-
-
-def printed(out: subprocess.CompletedProcess) -> dict[str, str]:
-    """The script's `NAME value` lines."""
-    return dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
 
 
 @pytest.fixture(scope="module")

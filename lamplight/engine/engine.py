@@ -26,7 +26,6 @@ import time
 from typing import Callable
 
 import numpy as np
-import torch
 
 from ..grammar import fill_masks
 from ..heap import release_freed_memory
@@ -237,7 +236,6 @@ class Engine:
         self._wakeup.set()
 
     def _run(self) -> None:
-        torch.set_grad_enabled(False)
         worked = False  # since the freed memory was last given back
         while not self._stop:
             self._wakeup.clear()
@@ -645,9 +643,8 @@ class Engine:
             return
         table = seq.table
         table.make_private_from(n_keep // table.cache.block_size)
-        device = self.config.device
-        src = torch.tensor(table.slots(n_keep + n_discard, n_tokens), dtype=torch.long, device=device)
-        dst = torch.tensor(table.slots(n_keep, n_tokens - n_discard), dtype=torch.long, device=device)
+        src = table.slots(n_keep + n_discard, n_tokens)
+        dst = table.slots(n_keep, n_tokens - n_discard)
         self.runner.shift_kv(self.state, src, dst, -n_discard)
         table.truncate(n_tokens - n_discard)
         seq.apply_context_shift(n_keep, n_discard)
@@ -784,7 +781,9 @@ def pool_tokens(cfg: EngineConfig, n_ctx_seq: int) -> int:
 
 def available_memory_bytes(device: str) -> int | None:
     """Free memory where the KV cache goes: the GPU's, or the system's MemAvailable (Linux)."""
-    if torch.device(device).type == "cuda":
+    if str(device).startswith("cuda"):  # only a PyTorch runner computes there: torch is loaded already
+        import torch
+
         return torch.cuda.mem_get_info(torch.device(device))[0]
     try:
         with open("/proc/meminfo") as f:
