@@ -1,19 +1,21 @@
 """The server, the command line and the router import torch only for a feature that needs it: in
 a fresh interpreter whose imports of torch raise, lamplight.server, lamplight.cli, the serve
 flags and the router import, `lamplight serve`'s application is built and answers while no model
-is loaded, and the serve path loads a model on the native kernels with -t's threads. Where torch
-is imported later (a PyTorch backend, the vision encoder, an embedding encoder), it gets the
-thread count -t asked for, or the one thread the native runner leaves it."""
+is loaded, the serve path loads a model on the native kernels with -t's threads, and `lamplight
+serve` itself answers a completion on them. Where torch is imported later (a PyTorch backend,
+the vision encoder, an embedding encoder), it gets the thread count -t asked for, or the one
+thread the native runner leaves it."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import os
 
 import pytest
-from conftest import REPO_ROOT
-from test_torch_free_load import native_library, printed, run_without_torch  # noqa: F401 (a fixture)
+from no_torch import printed, run_script, run_without_torch
 from tiny_gguf import write_tiny_llama
+
+from lamplight.native import runtime
+from lamplight.native.threads import default_threads
 
 # Every module a server or a router process imports before a model is loaded.
 SERVER_MODULES = ["lamplight.server", "lamplight.server.app", "lamplight.server.launcher", "lamplight.server.memory",
@@ -51,13 +53,19 @@ except ImportError:
 """
 
 
+@pytest.fixture(scope="module")
+def native_library():
+    if runtime.library() is None:
+        pytest.skip(f"no native library here: {runtime.unavailable_reason()}")
+
+
 def test_the_server_and_its_command_line_import_no_torch():
     out = run_without_torch(BUILD_THE_SERVER.format(modules=SERVER_MODULES))
     assert out.returncode == 0, out.stderr
     assert printed(out) == {"HEALTH": "503", "EMBEDDINGS": "503", "THREADS": "3", "TORCH": "refused"}, out.stdout
 
 
-def test_the_serve_path_loads_on_native_threads_as_asked(native_library, tmp_path):  # noqa: F811
+def test_the_serve_path_loads_on_native_threads_as_asked(native_library, tmp_path):
     """launcher.load_model, as `lamplight serve -t N` calls it: no torch, and the native pool on
     N threads (a count other than its default, so that the default cannot pass for it)."""
     path = write_tiny_llama(tmp_path / "tiny.gguf")
@@ -83,7 +91,6 @@ print("MEDIA", loaded.media, loaded.draft)
 
 # Run without the guard: torch imports, after the thread count was set without it.
 TORCH_GETS_THE_COUNT = """
-import sys
 from lamplight.threads import request_threads, set_torch_threads
 
 request_threads({asked})
@@ -100,9 +107,54 @@ print("AFTER", torch.get_num_threads())
 @pytest.mark.parametrize("then, want", [("", 3), ("set_torch_threads(1)  # dedicate_threads_to_native", 1)])
 def test_torch_imported_later_gets_the_thread_count(then, want):
     script = TORCH_GETS_THE_COUNT.format(asked=3, then=then)
-    out = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    out = run_script(script, guarded=False)
     assert out.returncode == 0, out.stderr
     lines = printed(out)
     assert lines["THREADS"] == str(want), out.stdout
     assert lines["LOADER"] == "SourceFileLoader True"  # torch's own loader, not the hook's
     assert lines["AFTER"] == "2"
+
+
+# `lamplight serve` in the guarded interpreter's main thread, as the command runs it; a client
+# thread waits for /health, asks for a completion, and stops the server with Ctrl-C's signal.
+SERVE_AND_ASK = """
+import os, signal, threading, time
+
+import httpx
+
+from lamplight.cli import main
+
+def ask():
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds={sock!r}), base_url="http://lamplight", timeout=60) as c:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                try:
+                    if c.get("/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.05)
+            reply = c.post("/completion", json={{"prompt": "hi", "n_predict": 4, "temperature": 0}})
+            print("COMPLETION", reply.status_code, reply.json().get("tokens_predicted"))
+    finally:
+        os.kill(os.getpid(), signal.SIGINT)
+
+threading.Thread(target=ask, daemon=True).start()
+print("STATUS", main(["serve", "-m", {model!r}, "--host", {sock!r}, "-c", "512", "-t", "{threads}"]))
+print("TORCH", "torch" in sys.modules)
+"""
+
+
+def test_lamplight_serve_answers_a_completion_without_torch(native_library, tmp_path):
+    """The whole command on the tiny llama: load, engine, HTTP, a completion, Ctrl-C; -t one more
+    than the native pool's default, which its kernels line shows."""
+    model = write_tiny_llama(tmp_path / "tiny.gguf")
+    sock = f"/tmp/lamplight-torch-free-{os.getpid()}.sock"  # short: a socket's path has a small limit
+    threads = default_threads() + 1
+    out = run_without_torch(SERVE_AND_ASK.format(model=str(model), sock=sock, threads=threads))
+    assert out.returncode == 0, out.stderr
+    lines = printed(out)
+    assert lines.get("COMPLETION") == "200 4" and lines.get("STATUS") == "0", out.stdout + out.stderr
+    assert lines["TORCH"] == "False" and not os.path.exists(sock)
+    assert "kernels: native" in out.stderr and f"; {threads} threads" in out.stderr, out.stderr
