@@ -93,3 +93,33 @@ def test_the_native_pool_follows_torchs_count_where_torch_is_loaded(native_libra
     finally:
         torch.set_num_threads(before)
         runtime.library().lp_set_threads(before)
+
+
+# A step on two threads, then the pool grown to three (as `lamplight serve -t` does after a load
+# that ran the one-row prefetch timing), then the same step: the attention's per-thread scratch
+# must grow with the pool (it once compared its two buffers a thread with the thread count, and
+# threads past the old count wrote past the end: a crash of the server one start in three).
+GROWN_POOL = """
+import numpy as np
+from lamplight.gguf.file import GGUFFile
+from lamplight.models import define_model
+from lamplight.models.chunks import SequenceChunk
+from lamplight.native import runtime
+from lamplight.native.runner import NativeRunner
+
+lib = runtime.library()
+lib.lp_set_threads(2)
+runner = NativeRunner(define_model(GGUFFile({model!r})), lib)
+prompt = [SequenceChunk(list(range(1, 257)), 0, range(256))]
+first = runner.step(prompt, runner.new_state(512)).copy()
+lib.lp_set_threads(3)
+print("THREADS", lib.lp_get_threads())
+print("SAME", all(np.array_equal(runner.step(prompt, runner.new_state(512)), first) for _ in range(20)))
+"""
+
+
+def test_a_step_after_the_pool_grows(native_library, tmp_path):
+    model = write_tiny_llama(tmp_path / "tiny.gguf", n_ctx=512)
+    out = run_without_torch(GROWN_POOL.format(model=str(model)))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert printed(out) == {"THREADS": "3", "SAME": "True"}, out.stdout

@@ -243,7 +243,9 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
         lp::load_rows(kv.k[li], kv.k_type, (int64_t)g * kv.pool_tokens * dk, slots, n, dk, keys);
         lp::load_rows(kv.v[li], kv.v_type, (int64_t)g * kv.pool_tokens * dv, slots, n, dv, keys + n * dk);
     });
-    if ((int)m.thread_scratch.size() < lp::pool_threads()) m.thread_scratch.resize(2 * lp::pool_threads());
+    // Two buffers a thread; the pool can grow between steps (lp_set_threads), so compare with both.
+    const size_t scratch_buffers = 2 * (size_t)lp::pool_threads();
+    if (m.thread_scratch.size() < scratch_buffers) m.thread_scratch.resize(scratch_buffers);
     lp::parallel_for((int64_t)T * H, [&](int64_t task, int thread) {
         int r = (int)(task / H), g = (int)(task % H);
         KeyRange kr = key_range(layer, b, r);
