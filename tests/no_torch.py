@@ -7,7 +7,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO_ROOT
+
+from lamplight.native import runtime
 
 # Prepended to each script: any import of torch or a torch submodule raises.
 NO_TORCH = """
@@ -42,3 +45,10 @@ def run_without_torch(script: str, env: dict[str, str] | None = None) -> subproc
 def printed(out: subprocess.CompletedProcess) -> dict[str, str]:
     """The script's `NAME value` lines."""
     return dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+
+
+@pytest.fixture(scope="module")
+def native_library():
+    """Skips a test where the native library cannot be had (the torch-free path is the native one)."""
+    if runtime.library() is None:
+        pytest.skip(f"no native library here: {runtime.unavailable_reason()}")

@@ -9,17 +9,11 @@ from __future__ import annotations
 import importlib.metadata
 
 import pytest
-from no_torch import printed, run_without_torch
+from no_torch import native_library, printed, run_without_torch  # noqa: F401 (native_library: a fixture)
 from tiny_gguf import write_tiny_llama, write_tiny_lora
 
 from lamplight.native import build, runtime
 from lamplight.native.threads import default_threads
-
-
-@pytest.fixture(scope="module")
-def native_library():
-    if runtime.library() is None:
-        pytest.skip(f"no native library here: {runtime.unavailable_reason()}")
 
 
 def test_the_guard_stops_an_import_of_torch():

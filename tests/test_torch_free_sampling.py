@@ -5,29 +5,15 @@ grammar mask."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
-from conftest import REPO_ROOT
+from no_torch import run_without_torch
 
 SCRIPT = textwrap.dedent(
     '''
     import importlib
     import pkgutil
     import sys
-
-
-    class NoTorch:
-        """Refuses torch and its submodules, at module level or at run time."""
-
-        def find_spec(self, name, path=None, target=None):
-            if name == "torch" or name.startswith("torch."):
-                raise ImportError(f"torch must not be imported here (asked for {name})")
-            return None
-
-
-    sys.meta_path.insert(0, NoTorch())
 
     import numpy as np
 
@@ -106,6 +92,6 @@ SCRIPT = textwrap.dedent(
 
 
 def test_sampling_and_grammar_masks_run_without_torch() -> None:
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    done = run_without_torch(SCRIPT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "torch-free", done.stdout + done.stderr

@@ -11,10 +11,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from no_torch import printed, run_script, run_without_torch
+from no_torch import native_library, printed, run_script, run_without_torch  # noqa: F401 (native_library: a fixture)
 from tiny_gguf import write_tiny_llama
 
-from lamplight.native import runtime
 from lamplight.native.threads import default_threads
 
 # Every module a server or a router process imports before a model is loaded.
@@ -51,12 +50,6 @@ try:
 except ImportError:
     print("TORCH refused")
 """
-
-
-@pytest.fixture(scope="module")
-def native_library():
-    if runtime.library() is None:
-        pytest.skip(f"no native library here: {runtime.unavailable_reason()}")
 
 
 def test_the_server_and_its_command_line_import_no_torch():

@@ -7,7 +7,7 @@ from typing import Any
 
 def memory_budget(loaded: Any, engine: Any) -> dict[str, float]:
     """In MiB: the weights the runner computes with, the KV cache (all of it: on the CPU its
-    pages become resident as tokens fill it, lamplight.state.kv.lazy_zeros), and (where the
+    pages become resident as tokens fill it, lamplight.state.kv.KVPool), and (where the
     backend tracks them) the step's working buffers so far; a draft model's (-md) beside them."""
     runner = loaded.runner
     budget = {"weights": runner.weight_bytes(), "kv_cache": _kv_bytes(engine.state)}

@@ -8,7 +8,6 @@ memory (slot files read and write through it).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from .kv import Indices, KVPool
@@ -28,17 +27,6 @@ def torch_dtype(kind: KVType) -> torch.dtype:
     return torch.uint8 if isinstance(kind, KVQuant) else _DTYPES[kind.name]
 
 
-def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """Zeros that take memory only where they are written, on the CPU: numpy's zeros come from
-    calloc, whose large blocks are fresh zero pages the OS maps on first write (torch.zeros
-    writes every byte). A pool of the model's whole context (-c 0) then costs what it holds."""
-    if torch.device(device).type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    raw = np.zeros(shape, dtype={1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[itemsize])
-    return torch.from_numpy(raw).view(dtype)
-
-
 class TorchKVPool(KVPool):
     """A KVPool of tensors on `device`: `k[layer]`, `v[layer]` [n_kv_heads, num_tokens, head_dim]
     of a float dtype, or of a quantized type [n_kv_heads, num_tokens, row bytes] uint8.
@@ -50,7 +38,11 @@ class TorchKVPool(KVPool):
         super().__init__(layout, num_tokens, dtype, v_dtype=v_dtype)
 
     def _zeros(self, shape: tuple[int, ...], kind: KVType) -> torch.Tensor:
-        return lazy_zeros(shape, torch_dtype(kind), self._device)
+        """On the CPU, the numpy pool's calloc'd zeros (pages resident only once written; torch.zeros
+        writes every byte) seen as the type's dtype; elsewhere the device's zeros."""
+        if self._device.type != "cpu":
+            return torch.zeros(shape, dtype=torch_dtype(kind), device=self._device)
+        return torch.from_numpy(super()._zeros(shape, kind)).view(torch_dtype(kind))
 
     def _index(self, slots: Indices) -> torch.Tensor:
         return torch.as_tensor(slots, dtype=torch.long, device=self.device)
