@@ -9,15 +9,10 @@ from gguf import GGMLQuantizationType as Q
 from model_helpers import runner_for
 from tiny_gguf import write_tiny_llama
 
-from conftest import reference_path
-
 from lamplight.bench.random_model import write_random_model
 from lamplight.engine.kv_cache import BlockTable, KVCache
-from lamplight.gguf.file import GGUFFile
-from lamplight.models import define_model
 from lamplight.models.batch import SequenceChunk
 from lamplight.native import build, prefetch, runtime
-from lamplight.native.one_token_step import OneTokenStep
 from lamplight.native.runner import NativeRunner
 from lamplight.state import ModelState
 
@@ -107,20 +102,6 @@ def test_the_real_timing_runs_a_model(tmp_path, monkeypatch):
     chosen = prefetch.choose_one_row_prefetch(runner)
     assert chosen in (True, False) and prefetch._chosen == {runner.lib._handle: chosen}
     runner.lib.lp_set_one_row_prefetch(0)
-
-
-@pytest.mark.parametrize("model", ["llama", "lfm2", "granitehybrid", "gemma4"])
-def test_the_timed_step_is_the_runners_decode_row(model, tmp_path):
-    """The timing's step (lamplight.native.one_token_step: buffers of its own, no torch) computes
-    what the runner's own step computes for token 0 at position 0 on a fresh f16 cache, bit for
-    bit, and again on every call: a tiny llama, hybrids' recurrent states (short conv, Mamba2) and
-    gemma4's per-layer inputs."""
-    path = write_tiny_llama(tmp_path / "m.gguf") if model == "llama" else reference_path(f"archs2/{model}.gguf")
-    runner = NativeRunner(define_model(GGUFFile(path)), runtime.load_variant(VARIANTS[0]))
-    expected = runner.run([SequenceChunk([0], 0, range(1))], runner.new_state(1, torch.float16))
-    step = OneTokenStep(runner)
-    for _ in range(2):
-        assert torch.equal(torch.from_numpy(step()), expected)
 
 
 def test_loading_a_model_chooses_and_the_kernels_line_says_so(tmp_path, monkeypatch):

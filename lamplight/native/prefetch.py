@@ -6,7 +6,8 @@ hardware prefetchers alone stream the weights fastest, on AMD Zen 5 the software
 1B Q4_K_M file's decode step 1.3-1.5x faster. So the first model loaded on the native kernels runs
 a few one-token steps each way, alternated, and keeps the faster (lp_set_one_row_prefetch). A
 prefetch changes no result, only speed: the reproducibility rule holds whatever is chosen.
-The steps run on buffers of their own (lamplight.native.one_token_step): loading needs no torch.
+The steps are the runner's own (token 0 at position 0 on a one-token state of its default cache
+type, numpy like all its steps): loading needs no torch.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import statistics
 import time
 
-from .one_token_step import OneTokenStep
+from ..models.chunks import SequenceChunk
 
 log = logging.getLogger("lamplight")
 
@@ -47,13 +48,13 @@ def choose_one_row_prefetch(runner) -> bool | None:
 
 
 def _step_times(runner) -> dict[bool, list[float]]:
-    step = OneTokenStep(runner)
+    state, chunk = runner.new_state(1, runner.default_cache_type), [SequenceChunk([0], 0, range(1))]
     times: dict[bool, list[float]] = {False: [], True: []}
     for round_ in range(ROUNDS + 1):
         for on in (False, True) if round_ % 2 else (True, False):
             runner.lib.lp_set_one_row_prefetch(int(on))
             start = time.perf_counter()
-            step()
+            runner.step(chunk, state)
             if round_:
                 times[on].append(time.perf_counter() - start)
     return times
