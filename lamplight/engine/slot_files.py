@@ -1,25 +1,38 @@
 """Saving a slot's KV cache to a file and restoring it (POST /slots/{id}?action=save|restore).
 
-Our own format: a `torch.save` dictionary with the token ids, the adapter scales they were
-computed with, the model's fingerprint, the K/V of every layer for those positions (as float
-values: the pool's float dtype, a quantized type's values dequantized) and, for a model with
-recurrent layers, the state they leave (one flat tensor: ModelState.snapshot). Reading and
-writing the format needs torch, so these functions import it when called: a native engine that
-never saves or restores a slot never loads it. A numpy pool is read and written through tensors
-sharing its memory (lamplight.state.torch_pools.torch_view).
+Our own format, version 2: a numpy `.npz` archive (read with allow_pickle=False, so a file
+cannot run code) holding
+- `header`: UTF-8 JSON: format, version, the model's fingerprint, the token ids, the adapter
+  scales they were computed with, the K and V types (`-ctk`/`-ctv` names) and the layer count;
+- `k{i}`, `v{i}`: layer i's K and V rows as the pool stores them, head-major
+  ([n_kv_heads, tokens, row] of the type's storage: float32, float16, bf16's bits as uint16, or a
+  quantized type's bytes), so a restore into a pool of the same types puts back the same bits;
+- `recurrent`: for a model with recurrent layers, the state those tokens leave (one flat
+  float32 array: ModelState.snapshot).
+Saving and restoring between pools of the same types is numpy alone: a native engine never
+imports torch for it. A file restored into a pool of other types (saved under another `-ctk`)
+is converted through the PyTorch codecs (the quantized types' only implementation outside the
+native forward), and so are version 1 files, the `torch.save` dictionaries of float values
+earlier lamplight wrote, which are still read.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import zipfile
 from typing import Any
 
+import numpy as np
+
+from ..state.kv import KVPool
+from ..state.kv_types import KV_TYPES
 from .kv_cache import BlockTable, KVCache
 from .types import InvalidRequestError
 
 FORMAT = "lamplight-slot"
-VERSION = 1
+VERSION = 2
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 
 
@@ -32,40 +45,40 @@ def slot_file_path(directory: str, filename: str) -> str:
 
 def save_slot(path: str, cache: KVCache, table: BlockTable, tokens: list[int], lora: tuple[float, ...], fingerprint: str,
               recurrent: Any | None = None) -> int:
-    """`recurrent`: the slot's state snapshot (a numpy array or a tensor), where the model has one."""
-    import torch
-
-    from ..state.torch_pools import torch_view
-
-    pool = torch_view(cache.pool)
-    slots = torch.tensor(table.slots(0, len(tokens)), dtype=torch.long, device=pool.device)
-    layers = [pool.read(layer, slots) for layer in range(len(pool.k))]
-    data = {
-        "format": FORMAT,
-        "version": VERSION,
-        "model": fingerprint,
-        "tokens": list(tokens),
-        "lora": list(lora),
-        "k": [k.cpu() for k, _ in layers],
-        "v": [v.cpu() for _, v in layers],
-    }
+    """`recurrent`: the slot's state snapshot (a numpy array or a tensor), where the model has one.
+    Returns the file's size in bytes."""
+    pool = cache.pool
+    slots = table.slots(0, len(tokens))
+    header = {"format": FORMAT, "version": VERSION, "model": fingerprint, "tokens": [int(t) for t in tokens],
+              "lora": [float(s) for s in lora], "k_type": pool.k_type.name, "v_type": pool.v_type.name,
+              "layers": len(pool.k)}
+    arrays = {"header": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)}
+    for layer in range(len(pool.k)):
+        k, v = pool.read_stored(layer, slots)
+        arrays[f"k{layer}"], arrays[f"v{layer}"] = _as_numpy(k), _as_numpy(v)
     if recurrent is not None:
-        data["recurrent"] = torch.as_tensor(recurrent).cpu()
-    torch.save(data, path)
+        arrays["recurrent"] = _as_numpy(recurrent).astype(np.float32, copy=False).reshape(-1)
+    with open(path, "wb") as f:  # a file object: np.savez would add ".npz" to a name
+        np.savez(f, **arrays)
     return os.path.getsize(path)
 
 
 def load_slot(path: str, fingerprint: str, n_ctx_slot: int) -> dict:
-    import torch
-
+    """The file's contents, checked against the model and a slot's size: `tokens`, `lora`,
+    `recurrent` (if saved), and the K/V in the form its version keeps them (write_slot reads both)."""
+    name = os.path.basename(path)
     if not os.path.isfile(path):
-        raise InvalidRequestError(f"slot file {os.path.basename(path)!r} does not exist")
+        raise InvalidRequestError(f"slot file {name!r} does not exist")
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        data = _read_npz(path)
+        if data is None:
+            data = _read_torch_file(path)
+    except InvalidRequestError:
+        raise
     except Exception as exc:
-        raise InvalidRequestError(f"slot file {os.path.basename(path)!r} cannot be read: {exc}") from exc
-    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
-        raise InvalidRequestError(f"{os.path.basename(path)!r} is not a lamplight slot file")
+        raise InvalidRequestError(f"slot file {name!r} cannot be read: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") not in (1, VERSION):
+        raise InvalidRequestError(f"{name!r} is not a lamplight slot file")
     if data.get("model") != fingerprint:
         raise InvalidRequestError("the slot file was saved with another model")
     if len(data["tokens"]) > n_ctx_slot:
@@ -74,14 +87,105 @@ def load_slot(path: str, fingerprint: str, n_ctx_slot: int) -> dict:
 
 
 def write_slot(cache: KVCache, table: BlockTable, data: dict) -> None:
+    """Put what load_slot read into the slot's blocks (its old ones released)."""
+    pool = cache.pool
+    n = len(data["tokens"])
+    if data["version"] == VERSION and data["layers"] != len(pool.k):
+        raise InvalidRequestError(f"the slot file holds {data['layers']} layers of K/V, this model {len(pool.k)}")
+    table.release()
+    table.fill_to(n)
+    slots = table.slots()
+    if data["version"] == VERSION and (data["k_type"], data["v_type"]) == (pool.k_type.name, pool.v_type.name):
+        for layer in range(len(pool.k)):
+            pool.write_stored(layer, slots, _as_stored(pool, pool.k[layer], data["k"][layer]),
+                              _as_stored(pool, pool.v[layer], data["v"][layer]))
+        return
+    _write_floats(pool, slots, data)
+
+
+def _read_npz(path: str) -> dict | None:
+    """A version 2 file's contents; None for a file that is not one (a version 1 file is a zip
+    archive too, torch.save's, without a header)."""
+    if not zipfile.is_zipfile(path):
+        return None
+    with np.load(path, allow_pickle=False) as archive:
+        if "header" not in archive.files:
+            return None
+        data = json.loads(archive["header"].tobytes().decode())
+        if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("layers"), int):
+            return data
+        if data.get("k_type") not in KV_TYPES or data.get("v_type") not in KV_TYPES:
+            raise InvalidRequestError(f"the slot file's K/V types {data.get('k_type')!r}, {data.get('v_type')!r} are unknown")
+        missing = [name for i in range(data["layers"]) for name in (f"k{i}", f"v{i}") if name not in archive.files]
+        if missing:
+            raise InvalidRequestError(f"the slot file's header says {data['layers']} layers, its K/V lacks {missing[0]}")
+        data["k"] = [archive[f"k{i}"] for i in range(data["layers"])]
+        data["v"] = [archive[f"v{i}"] for i in range(data["layers"])]
+        if "recurrent" in archive.files:
+            data["recurrent"] = archive["recurrent"]
+        return data
+
+
+def _read_torch_file(path: str) -> Any:
+    """A version 1 file: torch.save's dictionary of float tensors (token-major K/V)."""
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _as_numpy(x: Any) -> np.ndarray:
+    """A pool's rows or a snapshot as a numpy array on the CPU: a numpy pool's are already; a
+    PyTorch pool's tensors are copied over, bf16 as its bits."""
+    if isinstance(x, np.ndarray):
+        return x
+    import torch
+
+    x = x.detach().cpu()
+    return x.view(torch.int16).numpy().view(np.uint16) if x.dtype == torch.bfloat16 else x.numpy()
+
+
+def _as_stored(pool: KVPool, storage: Any, rows: np.ndarray) -> Any:
+    """Saved rows as `storage` (one of the pool's arrays) takes them: themselves for a numpy pool,
+    a tensor of its dtype on its device for a PyTorch pool."""
+    if isinstance(storage, np.ndarray):
+        return rows
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(rows)).view(storage.dtype).to(storage.device)
+
+
+def _write_floats(pool: KVPool, slots: list[int], data: dict) -> None:
+    """K/V as float values into a pool of any types: a version 1 file's, or a version 2 file's
+    rows decoded from the types it was saved with (PyTorch's codecs)."""
     import torch
 
     from ..state.torch_pools import torch_view
 
-    n = len(data["tokens"])
-    table.release()
-    table.fill_to(n)
-    pool = torch_view(cache.pool)
-    slots = torch.tensor(table.slots(), dtype=torch.long, device=pool.device)
-    for layer in range(len(pool.k)):
-        pool.write(layer, slots, data["k"][layer].to(pool.device), data["v"][layer].to(pool.device))
+    view = torch_view(pool)
+    index = torch.tensor(slots, dtype=torch.long, device=view.device)
+    for layer in range(len(view.k)):
+        if data["version"] == VERSION:
+            _, dk, dv = view.layout.shape(layer)
+            k = _decoded(data["k"][layer], data["k_type"], dk)
+            v = _decoded(data["v"][layer], data["v_type"], dv)
+        else:
+            k, v = data["k"][layer], data["v"][layer]
+        view.write(layer, index, k.to(view.device), v.to(view.device))
+
+
+def _decoded(rows: np.ndarray, type_name: str, dim: int):
+    """Stored rows ([n_kv_heads, T, row] of the type's storage) as float values, token-major
+    ([T, n_kv_heads, dim]), as TorchKVPool.write takes them."""
+    import torch
+
+    from ..state.kv_quant import KVQuant
+    from ..state.kv_quant_torch import dequantize
+    from ..state.torch_pools import torch_dtype
+
+    kind = KV_TYPES[type_name]
+    stored = torch.from_numpy(np.ascontiguousarray(rows))
+    if isinstance(kind, KVQuant):
+        values = dequantize(kind, stored, dim)
+    else:
+        values = stored.view(torch_dtype(kind)).to(torch.float32)
+    return values.transpose(0, 1)
