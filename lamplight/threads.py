@@ -2,8 +2,8 @@
 importing torch.
 
 A server on the native kernels never imports torch, so -t cannot live in PyTorch's thread count:
-it is held here (`requested_threads`), and the server puts the native kernels' pool on it once a
-model is loaded (lamplight.server.launcher.native_pool_as_requested). PyTorch's count is set here
+it is held here (`requested_threads`), and a native runner sizes the kernels' pool from it when it
+is built (lamplight.native.threads.configured_threads). PyTorch's count is set here
 too (`set_torch_threads`): at once where torch is imported, else the moment it is (a PyTorch
 backend, the vision encoder, an embedding encoder), before anything runs on it, so a feature that
 brings torch in later computes on the same threads as if -t had set them first.
@@ -32,6 +32,12 @@ def request_threads(count: int) -> None:
 def requested_threads() -> int | None:
     """The count -t asked for, or None (each pool's default)."""
     return _requested
+
+
+def torch_threads_set() -> bool:
+    """Whether lamplight set PyTorch's count (-t, or the native server's one thread for torch's
+    ops): then it is no longer a count the user gave PyTorch."""
+    return _torch_threads is not None
 
 
 def set_torch_threads(count: int) -> None:

@@ -80,3 +80,19 @@ def smolvlm_text_model(smollm2_path, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("smolvlm") / "SmolLM2-135M-Instruct-smolvlm-tokens.Q4_1.gguf"
     subprocess.run([sys.executable, str(script), str(smollm2_path), str(path)], check=True, capture_output=True)
     return path
+
+
+@pytest.fixture(autouse=True)
+def _process_thread_counts():
+    """`-t` is process-wide (lamplight.threads): a test that runs the CLI in-process with -t must
+    not size the native pool, or PyTorch's, of the tests after it."""
+    import lamplight.threads as threads
+
+    requested, torch_threads = threads._requested, threads._torch_threads
+    torch = sys.modules.get("torch")
+    torch_count = torch.get_num_threads() if torch is not None else None
+    yield
+    threads._requested, threads._torch_threads = requested, torch_threads
+    torch = sys.modules.get("torch")
+    if torch is not None and torch_count is not None and torch.get_num_threads() != torch_count:
+        torch.set_num_threads(torch_count)

@@ -71,7 +71,7 @@ def test_the_build_key_holds_torchs_version_string():
 
 
 def test_the_native_pool_follows_torchs_count_where_torch_is_loaded(native_library, tmp_path):
-    """The CLI's -t sets torch's thread count before loading; a runner built then takes it."""
+    """A library user's torch.set_num_threads before loading: a runner built then takes it."""
     import torch
 
     from lamplight.gguf.file import GGUFFile
@@ -84,6 +84,32 @@ def test_the_native_pool_follows_torchs_count_where_torch_is_loaded(native_libra
         for threads in (1, 3):
             torch.set_num_threads(threads)
             assert NativeRunner(spec, runtime.library()).threads == threads
+    finally:
+        torch.set_num_threads(before)
+        runtime.library().lp_set_threads(before)
+
+
+def test_minus_t_sizes_the_pool_and_lamplights_own_torch_count_does_not(native_library, tmp_path):
+    """-t (lamplight.threads.request_threads) sizes a runner's pool when it is built, whatever
+    torch's count; without -t, the one thread the native server gives PyTorch's own ops
+    (set_torch_threads(1): an --embedding encoder built after it) is not the pool's count: the
+    default is. The conftest fixture puts the process-wide counts back afterwards."""
+    import torch
+
+    from lamplight.gguf.file import GGUFFile
+    from lamplight.models import define_model
+    from lamplight.native.runner import NativeRunner
+    from lamplight.native.threads import default_threads
+    from lamplight.threads import request_threads, set_torch_threads
+
+    spec = define_model(GGUFFile(write_tiny_llama(tmp_path / "tiny.gguf")))
+    before = torch.get_num_threads()
+    try:
+        set_torch_threads(1)  # the server's dedicate_threads_to_native, no -t
+        assert NativeRunner(spec, runtime.library()).threads == default_threads()  # not torch's 1 (2 cores here)
+        request_threads(default_threads() + 1)
+        torch.set_num_threads(1)
+        assert NativeRunner(spec, runtime.library()).threads == default_threads() + 1
     finally:
         torch.set_num_threads(before)
         runtime.library().lp_set_threads(before)

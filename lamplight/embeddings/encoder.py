@@ -195,7 +195,7 @@ class Encoder:
         lib = runtime.library() if backend in NATIVE_BACKENDS else None
         self.lib = lib
         if lib is not None:
-            lib.lp_set_threads(configured_threads())  # -t sets torch's count before loading
+            lib.lp_set_threads(configured_threads())  # -t, else the default (lamplight.native.threads)
             linear, gelu = _NativeLinears(lib), _native_gelu(lib)
         else:
             linear, gelu = Linear, _gelu

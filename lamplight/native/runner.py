@@ -77,7 +77,7 @@ class NativeRunner(ModelRunner):
         self._n_recurrent: int | None = None
         self.handle = None
         self._rebuild()
-        lib.lp_set_threads(configured_threads())  # -t sets torch's count before loading
+        lib.lp_set_threads(configured_threads())  # -t, else the default (lamplight.native.threads)
         self.threads = lib.lp_get_threads()
         self.kinds = sorted({self._kind(p) for p in self._parts()})
         self.one_row_prefetch: bool | None = None  # lamplight.native.prefetch's choice, once made

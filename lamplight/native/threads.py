@@ -1,9 +1,9 @@
 """How many threads the native kernels run on.
 
-PyTorch's thread count where PyTorch is loaded: the CLI's -t sets it before a model is loaded,
-and the native pool follows it (lp_set_threads). Where PyTorch is not loaded nothing can have
-set it, so the native pool gets what PyTorch's count would be by default, without importing
-torch for it.
+`-t` where it was given (lamplight.threads, which holds it without importing torch). Otherwise
+PyTorch's thread count where PyTorch is loaded and its count is the user's (a library user's
+torch.set_num_threads; not one lamplight set, such as the native server's one thread for torch's
+own ops), else what PyTorch's count would be by default, without importing torch for it.
 """
 
 from __future__ import annotations
@@ -14,9 +14,15 @@ import sys
 
 
 def configured_threads() -> int:
-    """PyTorch's thread count if torch is imported, else `default_threads()`."""
+    """-t's count, else PyTorch's if torch is imported with a count lamplight did not set, else
+    `default_threads()`."""
+    from ..threads import requested_threads, torch_threads_set
+
+    requested = requested_threads()
+    if requested is not None:
+        return requested
     torch = sys.modules.get("torch")
-    return torch.get_num_threads() if torch is not None else default_threads()
+    return torch.get_num_threads() if torch is not None and not torch_threads_set() else default_threads()
 
 
 def default_threads() -> int:

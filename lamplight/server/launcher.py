@@ -15,7 +15,7 @@ import uvicorn
 
 from lamplight.serve_flags import CTX_MEMORY_SHARE, default_of
 from lamplight.speculative import SpecConfig
-from lamplight.threads import requested_threads, set_torch_threads
+from lamplight.threads import set_torch_threads
 
 from .app import create_app
 from .connections import timed_protocol
@@ -78,7 +78,6 @@ def load_model(model: Any, options: EngineOptions, **load_options) -> Any:
                                 lora_init_without_apply=options.lora_init_without_apply, **load_options)
     except AdapterError as exc:
         raise StartupError(str(exc)) from exc
-    native_pool_as_requested(loaded.runner)
     say = load_options.get("progress") or (lambda _msg: None)
     # The server's image input (ServerState.media), or None: beside the text model it reads.
     loaded.media = load_media(loaded, options, say)
@@ -101,7 +100,6 @@ def load_draft_model(loaded: Any, path: str | None, backend: str, say: Callable[
         draft = lamplight.load(path, backend=backend)
     except (GGUFError, ModelSourceError, OSError, ValueError) as exc:
         raise StartupError(f"-md {path}: {exc}") from exc
-    native_pool_as_requested(draft.runner)  # one pool per process: the draft's load sized it again
     problem = vocab_mismatch(loaded.tokenizer, draft.tokenizer)
     if problem is not None:
         raise StartupError(f"-md {path}: the draft model's vocabulary must be the model's: {problem}")
@@ -110,17 +108,6 @@ def load_draft_model(loaded: Any, path: str | None, backend: str, say: Callable[
                            "rejected draft")
     say(f"draft model: {draft.name}: {draft.kernels}")
     return draft
-
-
-def native_pool_as_requested(runner: Any) -> None:
-    """The native kernels' pool on -t's threads. A native runner sizes the pool when it is built,
-    from lamplight.native.threads.configured_threads: PyTorch's count, which -t no longer sets
-    before a load that imports no torch (lamplight.threads holds it)."""
-    count = requested_threads()
-    if count is None or not runner.owns_threads or runner.threads == count:
-        return
-    runner.lib.lp_set_threads(count)
-    runner.threads = runner.lib.lp_get_threads()
 
 
 def load_media(loaded: Any, options: EngineOptions, say: Callable[[str], None]) -> Any:
