@@ -31,7 +31,6 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from lamplight.server.errors import ApiError, body_too_large, model_loading, not_found
-from lamplight.server.json_io import json_response
 
 from .prefix import DEFAULT_BLOCK_CHARS, prefix_hashes
 from . import routing  # by module: Ray Serve pickles the ingress class by value, globals copied

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Callable
 
 import numpy as np
 import torch
@@ -13,8 +12,8 @@ from ..gguf.file import TensorInfo
 from ..gguf.quant import dequantize
 from ..kernels.linear import BATCH_INVARIANT_ROWS, DenseKernel
 from ..state.torch_pools import TorchKVPool
-from .activations import ACTIVATIONS, aligned
-from .batch import ForwardBatch, padded_query_rows
+from .activations import ACTIVATIONS
+from .batch import ForwardBatch
 from .rope import RopeTables
 from .rope_scaling import RopeScaling
 from .spec import FeedForwardSpec, LinearSpec, RopeSpec
