@@ -34,10 +34,10 @@ def requested_threads() -> int | None:
     return _requested
 
 
-def torch_threads_set() -> bool:
-    """Whether lamplight set PyTorch's count (-t, or the native server's one thread for torch's
-    ops): then it is no longer a count the user gave PyTorch."""
-    return _torch_threads is not None
+def is_lamplights_torch_count(count: int) -> bool:
+    """Whether PyTorch's count `count` is the one lamplight set (-t, or the native server's one
+    thread for torch's own ops) rather than one its user gave it since."""
+    return _torch_threads is not None and count == _torch_threads
 
 
 def set_torch_threads(count: int) -> None:

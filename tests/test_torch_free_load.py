@@ -70,9 +70,15 @@ def test_the_build_key_holds_torchs_version_string():
     assert build._torch_version() == torch.__version__ == importlib.metadata.version("torch")
 
 
-def test_the_native_pool_follows_torchs_count_where_torch_is_loaded(native_library, tmp_path):
-    """A library user's torch.set_num_threads before loading: a runner built then takes it."""
+def test_the_native_pool_follows_torchs_count_where_torch_is_loaded(native_library, tmp_path, monkeypatch):
+    """A library user's torch.set_num_threads before loading: a runner built then takes it (in a
+    process where lamplight set no count: an in-process server of an earlier test may have)."""
     import torch
+
+    import lamplight.threads
+
+    monkeypatch.setattr(lamplight.threads, "_requested", None)
+    monkeypatch.setattr(lamplight.threads, "_torch_threads", None)
 
     from lamplight.gguf.file import GGUFFile
     from lamplight.models import define_model
@@ -89,7 +95,7 @@ def test_the_native_pool_follows_torchs_count_where_torch_is_loaded(native_libra
         runtime.library().lp_set_threads(before)
 
 
-def test_minus_t_sizes_the_pool_and_lamplights_own_torch_count_does_not(native_library, tmp_path):
+def test_minus_t_sizes_the_pool_and_lamplights_own_torch_count_does_not(native_library, tmp_path, monkeypatch):
     """-t (lamplight.threads.request_threads) sizes a runner's pool when it is built, whatever
     torch's count; without -t, the one thread the native server gives PyTorch's own ops
     (set_torch_threads(1): an --embedding encoder built after it) is not the pool's count: the
@@ -102,11 +108,16 @@ def test_minus_t_sizes_the_pool_and_lamplights_own_torch_count_does_not(native_l
     from lamplight.native.threads import default_threads
     from lamplight.threads import request_threads, set_torch_threads
 
+    import lamplight.threads
+
+    monkeypatch.setattr(lamplight.threads, "_requested", None)
     spec = define_model(GGUFFile(write_tiny_llama(tmp_path / "tiny.gguf")))
     before = torch.get_num_threads()
     try:
         set_torch_threads(1)  # the server's dedicate_threads_to_native, no -t
         assert NativeRunner(spec, runtime.library()).threads == default_threads()  # not torch's 1 (2 cores here)
+        torch.set_num_threads(3)  # its user's count since: followed
+        assert NativeRunner(spec, runtime.library()).threads == 3
         request_threads(default_threads() + 1)
         torch.set_num_threads(1)
         assert NativeRunner(spec, runtime.library()).threads == default_threads() + 1

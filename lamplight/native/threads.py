@@ -14,15 +14,17 @@ import sys
 
 
 def configured_threads() -> int:
-    """-t's count, else PyTorch's if torch is imported with a count lamplight did not set, else
-    `default_threads()`."""
-    from ..threads import requested_threads, torch_threads_set
+    """-t's count, else PyTorch's if torch is imported with a count of its user's (not the one
+    lamplight set), else `default_threads()`."""
+    from ..threads import is_lamplights_torch_count, requested_threads
 
     requested = requested_threads()
     if requested is not None:
         return requested
     torch = sys.modules.get("torch")
-    return torch.get_num_threads() if torch is not None and not torch_threads_set() else default_threads()
+    if torch is not None and not is_lamplights_torch_count(torch.get_num_threads()):
+        return torch.get_num_threads()
+    return default_threads()
 
 
 def default_threads() -> int:
