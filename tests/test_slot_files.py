@@ -236,3 +236,27 @@ def test_bad_slot_files_are_refused(native_llama, tmp_path):
         assert engine.restore_slot(1, good)["n_restored"] == len(header["tokens"])
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize("kind", ["bf16", "q4_0"])
+def test_pytorch_pools_save_and_restore_their_own_rows(llama_file, tmp_path, kind):
+    """A PyTorch runner's pool (tensors: bf16 as torch.bfloat16, a quantized type as bytes) goes
+    through the same numpy file and comes back to the bit."""
+    model = lamplight.load(str(llama_file), backend="reference")
+    engine = engine_for(model, cache_type_k=kind, cache_type_v=kind)
+    try:
+        follow_up, expected = filled_slot(engine)
+        n = len(engine.slots[1].cached_tokens)
+        own = [r.clone() for r in pool_rows(engine, 1, n)]
+        path = str(tmp_path / f"{kind}.slot")
+        engine.save_slot(1, path)
+        with np.load(path, allow_pickle=False) as archive:
+            assert archive["k0"].dtype == (np.uint16 if kind == "bf16" else np.uint8)
+        engine.erase_slot(1)
+        final(engine, GenerationRequest(PROMPT[::-1], GREEDY, n_predict=4, id_slot=1))
+        assert engine.restore_slot(1, path)["n_restored"] == n
+        assert all(torch.equal(a, b) for a, b in zip(pool_rows(engine, 1, n), own))
+        resumed = final(engine, GenerationRequest(follow_up, GREEDY, n_predict=8, id_slot=1))
+        assert resumed.n_cached == n and resumed.token_ids == expected.token_ids
+    finally:
+        engine.stop()
