@@ -224,6 +224,13 @@ def test_bad_slot_files_are_refused(native_llama, tmp_path):
             load_slot(variant("more.slot", layers=header["layers"] + 1), fingerprint, n_ctx)
         with pytest.raises(InvalidRequestError, match="more than a slot"):
             load_slot(variant("long.slot", tokens=[1] * (n_ctx + 1)), fingerprint, n_ctx)
+        with pytest.raises(InvalidRequestError, match="malformed"):
+            load_slot(variant("tokens.slot", tokens="abc"), fingerprint, n_ctx)
+        wrong_rows = str(tmp_path / "rows.slot")
+        with open(wrong_rows, "wb") as f:
+            np.savez(f, **{**arrays, "k0": arrays["k0"][:, :-1]})
+        with pytest.raises(InvalidRequestError, match="layer 0 K/V"):
+            engine.restore_slot(1, wrong_rows)
         garbage = tmp_path / "garbage.slot"
         garbage.write_bytes(b"not a slot file at all")
         with pytest.raises(InvalidRequestError, match="cannot be read|not a lamplight slot file"):

@@ -81,6 +81,8 @@ def load_slot(path: str, fingerprint: str, n_ctx_slot: int) -> dict:
         raise InvalidRequestError(f"{name!r} is not a lamplight slot file")
     if data.get("model") != fingerprint:
         raise InvalidRequestError("the slot file was saved with another model")
+    if not _is_list_of(data.get("tokens"), int) or not _is_list_of(data.get("lora"), (int, float)):
+        raise InvalidRequestError(f"{name!r} is not a lamplight slot file (its tokens or adapter scales are malformed)")
     if len(data["tokens"]) > n_ctx_slot:
         raise InvalidRequestError(f"the slot file holds {len(data['tokens'])} tokens, more than a slot's {n_ctx_slot}")
     return data
@@ -90,8 +92,8 @@ def write_slot(cache: KVCache, table: BlockTable, data: dict) -> None:
     """Put what load_slot read into the slot's blocks (its old ones released)."""
     pool = cache.pool
     n = len(data["tokens"])
-    if data["version"] == VERSION and data["layers"] != len(pool.k):
-        raise InvalidRequestError(f"the slot file holds {data['layers']} layers of K/V, this model {len(pool.k)}")
+    if data["version"] == VERSION:
+        _check_rows(pool, data, n)
     table.release()
     table.fill_to(n)
     slots = table.slots()
@@ -101,6 +103,28 @@ def write_slot(cache: KVCache, table: BlockTable, data: dict) -> None:
                               _as_stored(pool, pool.v[layer], data["v"][layer]))
         return
     _write_floats(pool, slots, data)
+
+
+def _is_list_of(value: Any, kinds) -> bool:
+    return isinstance(value, list) and all(isinstance(x, kinds) and not isinstance(x, bool) for x in value)
+
+
+def _check_rows(pool: KVPool, data: dict, n: int) -> None:
+    """A version 2 file's K/V: one array per layer of this model, each [n_kv_heads, n, row] of its
+    type's storage (what the pool's own read_stored gives), before any of it is written."""
+    if data["layers"] != len(pool.k):
+        raise InvalidRequestError(f"the slot file holds {data['layers']} layers of K/V, this model {len(pool.k)}")
+    for layer in range(len(pool.k)):
+        n_kv, dk, dv = pool.layout.shape(layer)
+        for name, rows, dim in ((data["k_type"], data["k"][layer], dk), (data["v_type"], data["v"][layer], dv)):
+            kind = KV_TYPES[name]
+            try:
+                shape = (n_kv, n, kind.row_width(dim))
+            except ValueError as exc:  # a quantized type this head size cannot take
+                raise InvalidRequestError(f"the slot file's K/V: {exc}") from exc
+            if rows.dtype != kind.storage or rows.shape != shape:
+                raise InvalidRequestError(f"the slot file's layer {layer} K/V is {rows.dtype}{list(rows.shape)}, "
+                                          f"this model's {np.dtype(kind.storage)}{list(shape)}")
 
 
 def _read_npz(path: str) -> dict | None:
