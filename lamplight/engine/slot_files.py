@@ -69,6 +69,8 @@ def load_slot(path: str, fingerprint: str, n_ctx_slot: int) -> dict:
     name = os.path.basename(path)
     if not os.path.isfile(path):
         raise InvalidRequestError(f"slot file {name!r} does not exist")
+    if not zipfile.is_zipfile(path):  # both versions are zip archives (torch.save's is too)
+        raise InvalidRequestError(f"{name!r} is not a lamplight slot file")
     try:
         data = _read_npz(path)
         if data is None:
@@ -128,10 +130,8 @@ def _check_rows(pool: KVPool, data: dict, n: int) -> None:
 
 
 def _read_npz(path: str) -> dict | None:
-    """A version 2 file's contents; None for a file that is not one (a version 1 file is a zip
-    archive too, torch.save's, without a header)."""
-    if not zipfile.is_zipfile(path):
-        return None
+    """A version 2 file's contents; None for a zip archive without its header (a version 1 file:
+    torch.save's)."""
     with np.load(path, allow_pickle=False) as archive:
         if "header" not in archive.files:
             return None
