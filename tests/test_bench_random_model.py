@@ -391,7 +391,9 @@ def test_an_encoder_step_reuses_its_buffers(encoder_files):
     kernels_q8, kernels_f16, faults, same = result.stdout.strip().splitlines()
     assert kernels_q8.startswith("native") and "Q8_0 weights" in kernels_q8
     assert kernels_f16.startswith("native") and "F16 weights" in kernels_f16 and "pytorch" not in kernels_f16
-    # fewer pages than one fresh 47 MiB tensor has (12,000; about 55,000 a step without): 3 measured
+    # fewer pages than one fresh 47 MiB tensor has (12,000; about 55,000 a step without): 0-3 measured.
+    # The least of three repeated steps: the kernel can move pages of its own accord (compaction
+    # after the fixture's large writes), which now and then cost one step 16,000-21,000 faults.
     assert int(faults) < 1000
     assert same == "True"
 
@@ -406,8 +408,12 @@ print(load_embedder({f16!r}, backend="fast").kernels)
 rng = np.random.default_rng(0)
 inputs = [[int(t) for t in rng.integers(5, embedder.body.vocab_size, size=400)] for _ in range(10)]
 first = embedder.rank(inputs)
-faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-again = embedder.rank(inputs)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
-print(np.array_equal(np.asarray(first), np.asarray(again)))
+counts, same = [], True
+for _ in range(3):
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    again = embedder.rank(inputs)
+    counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
+    same = same and np.array_equal(np.asarray(first), np.asarray(again))
+print(min(counts))
+print(same)
 """
