@@ -146,6 +146,18 @@ def filled_slot(engine) -> tuple[list[int], FinalEvent]:
     return follow_up, final(engine, GenerationRequest(follow_up, GREEDY, n_predict=8, id_slot=0, cache_prompt=False))
 
 
+def overwrite_and_restore(engine, path: str, n: int, follow_up: list[int], expected: FinalEvent) -> list:
+    """Slot 1 erased and overwritten by another request, then `path` restored into it: its pool
+    rows afterwards. The restored slot must continue as the fresh computation `expected` did."""
+    engine.erase_slot(1)
+    final(engine, GenerationRequest(PROMPT[::-1], GREEDY, n_predict=4, id_slot=1))
+    assert engine.restore_slot(1, path)["n_restored"] == n
+    rows = pool_rows(engine, 1, n)
+    resumed = final(engine, GenerationRequest(follow_up, GREEDY, n_predict=8, id_slot=1))
+    assert resumed.n_cached == n and resumed.token_ids == expected.token_ids
+    return rows
+
+
 def pool_rows(engine, slot_id: int, n: int) -> list[np.ndarray]:
     pool, slots = engine.cache.pool, engine.slots[slot_id].table.slots(0, n)
     return [rows for layer in range(len(pool.k)) for rows in pool.read_stored(layer, slots)]
@@ -193,13 +205,9 @@ def test_version_1_files_are_still_restored(native_llama, tmp_path):
                     "lora": list(slot.cached_lora), "k": [k for k, _ in layers], "v": [v for _, v in layers]}, path)
         n = len(slot.cached_tokens)
         own = pool_rows(engine, 1, n)
-        engine.erase_slot(1)
-        final(engine, GenerationRequest(PROMPT[::-1], GREEDY, n_predict=4, id_slot=1))
-        assert engine.restore_slot(1, path)["n_restored"] == n
+        restored = overwrite_and_restore(engine, path, n, follow_up, expected)
         # q8_0 of the dequantized rows is the same bytes (requantizing a q8_0 block is exact here)
-        assert all(np.array_equal(a, b) for a, b in zip(pool_rows(engine, 1, n), own))
-        resumed = final(engine, GenerationRequest(follow_up, GREEDY, n_predict=8, id_slot=1))
-        assert resumed.n_cached == n and resumed.token_ids == expected.token_ids
+        assert all(np.array_equal(a, b) for a, b in zip(restored, own))
     finally:
         engine.stop()
 
@@ -268,11 +276,7 @@ def test_pytorch_pools_save_and_restore_their_own_rows(llama_file, tmp_path, kin
         engine.save_slot(1, path)
         with np.load(path, allow_pickle=False) as archive:
             assert archive["k0"].dtype == (np.uint16 if kind == "bf16" else np.uint8)
-        engine.erase_slot(1)
-        final(engine, GenerationRequest(PROMPT[::-1], GREEDY, n_predict=4, id_slot=1))
-        assert engine.restore_slot(1, path)["n_restored"] == n
-        assert all(torch.equal(a, b) for a, b in zip(pool_rows(engine, 1, n), own))
-        resumed = final(engine, GenerationRequest(follow_up, GREEDY, n_predict=8, id_slot=1))
-        assert resumed.n_cached == n and resumed.token_ids == expected.token_ids
+        restored = overwrite_and_restore(engine, path, n, follow_up, expected)
+        assert all(torch.equal(a, b) for a, b in zip(restored, own))
     finally:
         engine.stop()

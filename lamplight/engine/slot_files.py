@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..state.kv import KVPool
-from ..state.kv_types import KV_TYPES
+from ..state.kv_types import KV_TYPES, KVType
 from .kv_cache import BlockTable, KVCache
 from .types import InvalidRequestError
 
@@ -101,8 +101,8 @@ def write_slot(cache: KVCache, table: BlockTable, data: dict) -> None:
     slots = table.slots()
     if data["version"] == VERSION and (data["k_type"], data["v_type"]) == (pool.k_type.name, pool.v_type.name):
         for layer in range(len(pool.k)):
-            pool.write_stored(layer, slots, _as_stored(pool, pool.k[layer], data["k"][layer]),
-                              _as_stored(pool, pool.v[layer], data["v"][layer]))
+            pool.write_stored(layer, slots, _as_stored(pool.k[layer], data["k"][layer], pool.k_type),
+                              _as_stored(pool.v[layer], data["v"][layer], pool.v_type))
         return
     _write_floats(pool, slots, data)
 
@@ -168,14 +168,14 @@ def _as_numpy(x: Any) -> np.ndarray:
     return x.view(torch.int16).numpy().view(np.uint16) if x.dtype == torch.bfloat16 else x.numpy()
 
 
-def _as_stored(pool: KVPool, storage: Any, rows: np.ndarray) -> Any:
-    """Saved rows as `storage` (one of the pool's arrays) takes them: themselves for a numpy pool,
-    a tensor of its dtype on its device for a PyTorch pool."""
+def _as_stored(storage: Any, rows: np.ndarray, kind: KVType) -> Any:
+    """Saved rows of `kind` as `storage` (one of the pool's arrays, of that type) takes them:
+    themselves for a numpy pool, a tensor on its device for a PyTorch pool."""
     if isinstance(storage, np.ndarray):
         return rows
-    import torch
+    from ..state.torch_pools import stored_tensor
 
-    return torch.from_numpy(np.ascontiguousarray(rows)).view(storage.dtype).to(storage.device)
+    return stored_tensor(rows, kind).to(storage.device)
 
 
 def _write_floats(pool: KVPool, slots: list[int], data: dict) -> None:
@@ -183,33 +183,15 @@ def _write_floats(pool: KVPool, slots: list[int], data: dict) -> None:
     rows decoded from the types it was saved with (PyTorch's codecs)."""
     import torch
 
-    from ..state.torch_pools import torch_view
+    from ..state.torch_pools import stored_values, torch_view
 
     view = torch_view(pool)
     index = torch.tensor(slots, dtype=torch.long, device=view.device)
     for layer in range(len(view.k)):
         if data["version"] == VERSION:
             _, dk, dv = view.layout.shape(layer)
-            k = _decoded(data["k"][layer], data["k_type"], dk)
-            v = _decoded(data["v"][layer], data["v_type"], dv)
+            k = stored_values(data["k"][layer], KV_TYPES[data["k_type"]], dk)
+            v = stored_values(data["v"][layer], KV_TYPES[data["v_type"]], dv)
         else:
             k, v = data["k"][layer], data["v"][layer]
         view.write(layer, index, k.to(view.device), v.to(view.device))
-
-
-def _decoded(rows: np.ndarray, type_name: str, dim: int):
-    """Stored rows ([n_kv_heads, T, row] of the type's storage) as float values, token-major
-    ([T, n_kv_heads, dim]), as TorchKVPool.write takes them."""
-    import torch
-
-    from ..state.kv_quant import KVQuant
-    from ..state.kv_quant_torch import dequantize
-    from ..state.torch_pools import torch_dtype
-
-    kind = KV_TYPES[type_name]
-    stored = torch.from_numpy(np.ascontiguousarray(rows))
-    if isinstance(kind, KVQuant):
-        values = dequantize(kind, stored, dim)
-    else:
-        values = stored.view(torch_dtype(kind)).to(torch.float32)
-    return values.transpose(0, 1)

@@ -22,8 +22,9 @@ def configured_threads() -> int:
     if requested is not None:
         return requested
     torch = sys.modules.get("torch")
-    if torch is not None and not is_lamplights_torch_count(torch.get_num_threads()):
-        return torch.get_num_threads()
+    torch_count = torch.get_num_threads() if torch is not None else None
+    if torch_count is not None and not is_lamplights_torch_count(torch_count):
+        return torch_count
     return default_threads()
 
 

@@ -8,6 +8,7 @@ memory (slot files read and write through it).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .kv import Indices, KVPool
@@ -63,9 +64,7 @@ class TorchKVPool(KVPool):
         """K/V at pool indices `slots`, token-major: [T, n_kv_heads, head_dim] (a quantized
         type's values dequantized to float32)."""
         _, dk, dv = self.layout.shape(layer)
-        k = _decode(self.k[layer][:, slots], self.k_type, dk)
-        v = _decode(self.v[layer][:, slots], self.v_type, dv)
-        return k.transpose(0, 1), v.transpose(0, 1)
+        return _token_major(self.k[layer][:, slots], self.k_type, dk), _token_major(self.v[layer][:, slots], self.v_type, dv)
 
     def gather(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V at pool indices `index` ([B, C]), head-major: [n_kv_heads, B, C, head_dim]."""
@@ -81,14 +80,30 @@ class TorchKVPool(KVPool):
         view = cls.__new__(cls)
         view.layout, view.num_tokens, view.k_type, view.v_type = pool.layout, pool.num_tokens, pool.k_type, pool.v_type
         view._device = torch.device("cpu")
-        view.k = [torch.from_numpy(t).view(torch_dtype(pool.k_type)) for t in pool.k]
-        view.v = [torch.from_numpy(t).view(torch_dtype(pool.v_type)) for t in pool.v]
+        view.k = [stored_tensor(t, pool.k_type) for t in pool.k]
+        view.v = [stored_tensor(t, pool.v_type) for t in pool.v]
         return view
 
 
 def torch_view(pool: KVPool) -> TorchKVPool:
     """`pool` as a TorchKVPool: itself, or a numpy pool's storage seen as tensors."""
     return pool if isinstance(pool, TorchKVPool) else TorchKVPool.view_of(pool)
+
+
+def stored_tensor(rows: np.ndarray, kind: KVType) -> torch.Tensor:
+    """Rows as a numpy pool stores a type (lamplight.state.kv_types' storage) as the tensor a
+    PyTorch pool stores them in, on the CPU: the same memory where `rows` is contiguous."""
+    return torch.from_numpy(np.ascontiguousarray(rows)).view(torch_dtype(kind))
+
+
+def stored_values(rows: np.ndarray, kind: KVType, dim: int) -> torch.Tensor:
+    """Stored rows of a type, head-major ([n_kv_heads, T, row], as read_stored gives them), as the
+    float values TorchKVPool.read gives and write takes: token-major [T, n_kv_heads, dim]."""
+    return _token_major(stored_tensor(rows, kind), kind, dim)
+
+
+def _token_major(stored: torch.Tensor, kind: KVType, dim: int) -> torch.Tensor:
+    return _decode(stored, kind, dim).transpose(0, 1)
 
 
 def _encode(x: torch.Tensor, kind: KVType) -> torch.Tensor:
