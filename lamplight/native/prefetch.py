@@ -1,11 +1,12 @@
 """Whether a decode row's weights are prefetched ahead: chosen by timing, once per process.
 
 Multi-row tiles always ask for their weights ahead (6 KiB on AVX-512, 2 KiB on AVX2: see
-qmatmul.cpp; the hardware prefetchers stop at each 4 KiB page). For a single row, bound by memory bandwidth, it depends on the CPU: on some the
-hardware prefetchers alone stream the weights fastest, on AMD Zen 5 the software prefetch reads a
-1B Q4_K_M file's decode step 1.3-1.5x faster. So the first model loaded on the native kernels runs
-a few one-token steps each way, alternated, and keeps the faster (lp_set_one_row_prefetch). A
-prefetch changes no result, only speed: the reproducibility rule holds whatever is chosen.
+qmatmul.cpp; the hardware prefetchers stop at each 4 KiB page). For a single row, bound by
+memory bandwidth, it depends on the CPU: on some the hardware prefetchers alone stream the
+weights fastest, on AMD Zen 5 the software prefetch reads a 1B Q4_K_M file's decode step
+1.3-1.5x faster. So the first model loaded on the native kernels runs a few one-token steps
+each way, alternated, and keeps the faster (lp_set_one_row_prefetch). A prefetch changes no
+result, only speed: the reproducibility rule holds whatever is chosen.
 The steps are the runner's own (token 0 at position 0 on a one-token state of its default cache
 type, numpy like all its steps): loading needs no torch.
 """

@@ -344,12 +344,17 @@ inline int32_t load_i32(const void* p) {
 constexpr int kPrefetchBytes = LP_PREFETCH_BYTES;
 bool one_row_prefetch = false;  // lp_set_one_row_prefetch
 
-// Whether a tile of R rows prefetches its weights.
-template <int R> inline bool prefetches() { return R > 1 || one_row_prefetch; }
+// Whether tiles of `rows` rows prefetch their weights.
+inline bool prefetches(int rows) { return rows > 1 || one_row_prefetch; }
+template <int R> inline bool prefetches() { return prefetches(R); }
+
+// Asks for the lines of [p, p + bytes) (a prefetch never faults).
+inline void prefetch_lines(const uint8_t* p, int bytes) {
+    for (int line = 0; line < bytes; line += 64) __builtin_prefetch(p + line, 0, 3);
+}
 
 template <int FMT> inline void prefetch_ahead(const uint8_t* rec) {
-    if constexpr (kPrefetchBytes > 0)
-        for (int line = 0; line < Fmt<FMT>::qbytes; line += 64) __builtin_prefetch(rec + kPrefetchBytes + line, 0, 3);
+    if constexpr (kPrefetchBytes > 0) prefetch_lines(rec + kPrefetchBytes, Fmt<FMT>::qbytes);
 }
 
 // -- tiles: R rows x one group of 16 columns, the whole of k ----------------------------------
@@ -374,7 +379,7 @@ constexpr size_t kRowBlockBytes = 64 * 1024;
 // with it, so they do without.
 constexpr int kDstAheadGroups = 4;
 template <int R> inline void prefetch_dst(float* const* dst) {
-    for (int r = 0; r < R; ++r) __builtin_prefetch(dst[r] + kDstAheadGroups * LP_COL_GROUP, 1, 3);
+    for (int r = 0; r < R; ++r) __builtin_prefetch(dst[r] + kDstAheadGroups * kGroup, 1, 3);
 }
 
 // The block's exact integer sums for 16 columns, one int32 lane each.
@@ -954,10 +959,7 @@ void qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y,
     // kPrefetchBytes of a column range would arrive one demand miss at a time: ask for them now.
     // Alone, one-row steps of the random 1B Q4_K_M file ran 1-2% faster; with linear.cpp's 2
     // column chunks a thread for a decode row, 1B 2-2.5% and 3B 4% (alternated in one process).
-    if (n_rows > 1 || one_row_prefetch) {
-        const uint8_t* first = w->data + LP_HEADER_BYTES + size_t(col_begin / kGroup) * stride;
-        for (int offset = 0; offset < kPrefetchBytes; offset += 64) __builtin_prefetch(first + offset, 0, 3);
-    }
+    if (prefetches(n_rows)) prefetch_lines(w->data + LP_HEADER_BYTES + size_t(col_begin / kGroup) * stride, kPrefetchBytes);
     for (int32_t rb = 0; rb < n_rows; rb += row_block) {
         const int32_t rb_end = std::min(n_rows, rb + row_block);
         for (int32_t c0 = col_begin; c0 < col_end; c0 += kGroup)
