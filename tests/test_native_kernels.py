@@ -228,9 +228,11 @@ def test_bad_shapes_and_column_ranges_are_refused(kernels):
         assert k.matmul_acts(packed, acts).shape == (3, 40), variant
 
 
-def test_many_rows_match_single_rows(kernels):
-    """Prompt-sized batches (several row blocks of activations, on every build) give each row's bits."""
-    packed = pack(random_info(Q.Q4_1, 48, 1536, seed=4))
+@pytest.mark.parametrize("qtype", (Q.Q4_1, Q.Q4_K, Q.Q6_K), ids=lambda t: t.name)
+def test_many_rows_match_single_rows(kernels, qtype):
+    """Prompt-sized batches (several row blocks of activations, on every build) give each row's
+    bits: the block formats and the k-quants, whose rows qmatmul views per row block."""
+    packed = pack(random_info(qtype, 48, 1536, seed=4))
     x = torch.randn(150, 1536)
     for variant, k in kernels.items():
         full = k.matmul(packed, x)
