@@ -413,3 +413,64 @@ def test_set_overrides_any_scenario_size(tmp_path, capsys):
         with pytest.raises(SystemExit):
             main(["--url", server.url, "--set", bad])
         assert "--set" in capsys.readouterr().err
+
+
+class ClosingServer:
+    """A raw HTTP server that closes its first `drops` connections after reading the request,
+    without a byte of answer (a server closing a kept-alive connection as the client reuses
+    it), then answers each request with a one-token SSE stream."""
+
+    def __init__(self, drops: int):
+        self.drops, self.connections = drops, 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                self.connections += 1
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                while len(body) < length:
+                    body += conn.recv(65536)
+                if self.connections <= self.drops:
+                    continue
+                events = _sse({"choices": [{"index": 0, "text": " tok", "finish_reason": "length"}]}) + "data: [DONE]\n\n"
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n"
+                             b"content-length: %d\r\n\r\n%s" % (len(events), events.encode()))
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.mark.parametrize("drops, fails", [(1, False), (2, True)])
+def test_a_connection_closed_before_any_answer_is_retried_once(drops, fails):
+    from lamplight.bench.client import ServerClient
+    from lamplight.bench.prompts import Prompt
+
+    server = ClosingServer(drops)
+
+    async def one_request():
+        async with ServerClient(server.url, model="m") as client:
+            return await client.stream(Prompt(user="hello there"), 4)
+
+    try:
+        result = asyncio.run(one_request())
+    finally:
+        server.close()
+    assert server.connections == 2  # one retry, never more
+    if fails:
+        assert "RemoteProtocolError" in result.error
+    else:
+        assert result.error is None and result.text == " tok" and result.finish_reason == "length"

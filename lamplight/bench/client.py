@@ -177,8 +177,10 @@ class ServerClient:
             base_url=self.url,
             timeout=httpx.Timeout(timeout_s, connect=10.0),
             transport=httpx.AsyncHTTPTransport(
+                # An idle connection is dropped after 2 s: llama.cpp's server closes its own after
+                # 5 s (cpp-httplib's keep-alive timeout), and httpx's 5 s default raced it.
                 limits=httpx.Limits(max_connections=max_connections,
-                                    max_keepalive_connections=max_connections),
+                                    max_keepalive_connections=max_connections, keepalive_expiry=2.0),
                 # Never let Nagle's algorithm delay a small request write.
                 socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
             ),
@@ -220,16 +222,26 @@ class ServerClient:
                                   max_tokens)
 
     async def _stream(self, endpoint: str, body: dict, max_tokens: int) -> RequestResult:
-        recorder = StreamRecorder(max_tokens)
-        try:
-            async with self._http.stream("POST", endpoint, json=body) as response:
-                recorder.result.replica = response.headers.get(REPLICA_HEADER)
-                if response.status_code >= 400:
-                    return recorder.finish(await _describe_http_error(response))
-                await _read_events(response, recorder)
-        except httpx.HTTPError as exc:
-            return recorder.finish(describe_transport_error(self.url, exc))
-        return recorder.finish()
+        for attempt in range(2):
+            recorder = StreamRecorder(max_tokens)
+            answered = False
+            try:
+                async with self._http.stream("POST", endpoint, json=body) as response:
+                    answered = True
+                    recorder.result.replica = response.headers.get(REPLICA_HEADER)
+                    if response.status_code >= 400:
+                        return recorder.finish(await _describe_http_error(response))
+                    await _read_events(response, recorder)
+            except httpx.RemoteProtocolError as exc:
+                # Closed before any answer: most often a kept-alive connection the server closed
+                # as we reused it. The request is sent once more, on a new connection.
+                if not answered and attempt == 0:
+                    continue
+                return recorder.finish(describe_transport_error(self.url, exc))
+            except httpx.HTTPError as exc:
+                return recorder.finish(describe_transport_error(self.url, exc))
+            return recorder.finish()
+        raise AssertionError("unreachable: the second attempt always returns")
 
     async def post_timed(self, path: str, body: dict) -> TimedAnswer:
         """One non-streamed POST (embeddings, rerank), timed from sending to the whole body read."""
