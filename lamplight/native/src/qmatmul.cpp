@@ -463,10 +463,12 @@ void tile_super(const uint8_t* grp, int nblk, const ActsRow* a, float* const* ds
     using L = Blocks<FMT, MIN, true>;
     constexpr int block = Fmt<FMT>::block, per = L::per_super;
     // The float accumulators wait between super-blocks where the compiler puts them (registers,
-    // or 8 adjacent lines of the stack), not in dst: a tile's dst rows lie ldy apart, a multiple
-    // of 4 KiB for most models' widths, so all R lines share one L1 set with the weights
-    // streaming through it (16-row decode steps of the random 1B Q4_K_M file 6.5% faster, 8-row
-    // 2.8%, one row 3.9%, a 512-token prompt 5%, alternated in one process).
+    // or R adjacent lines of the stack), not in dst, whose R rows lie ldy apart: a load and a
+    // store to those lines per super-block ran 16-row decode steps of the random 1B Q4_K_M file
+    // 6.5% slower, 8-row 2.8%, one row 3.9%, a 512-token prompt 5% (alternated in one process;
+    // a single linear in a loop, its output in cache, showed 1-2%). Why the model's steps feel
+    // it more I have not pinned down; the lines' L1 set (ldy * 4 is a multiple of 4 KiB for most
+    // widths) is a guess that an ldy off the multiple did not confirm.
     prefetch_dst<R>(dst);
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
