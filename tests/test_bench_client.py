@@ -42,6 +42,8 @@ class FakeSpec:
     cache_slots: int = 1
     # Sent as X-Lamplight-Replica, as lamplight's replicas do.
     replica: str | None = None
+    # /props model_path, as llama-server and lamplight report it (the roofline reads the file).
+    model_path: str | None = None
 
     @property
     def decode_tps(self) -> float:
@@ -63,7 +65,8 @@ def make_fake_app(spec: FakeSpec) -> FastAPI:
 
     @app.get("/props")
     async def props():
-        return {"default_generation_settings": {"n_ctx": spec.n_ctx}}
+        props = {"default_generation_settings": {"n_ctx": spec.n_ctx}}
+        return {**props, "model_path": spec.model_path} if spec.model_path else props
 
     @app.post("/tokenize")
     async def tokenize(request: Request):

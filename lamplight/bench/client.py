@@ -31,6 +31,8 @@ class ServerInfo:
     n_ctx: int | None
     n_ctx_source: str | None
     tokenize: bool
+    # The model file as the server names it (/props model_path), for the single-stream roofline.
+    model_path: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -201,7 +203,9 @@ class ServerClient:
             self.model = _first_model_id(models)
         n_ctx, source = find_context_size(props, models)
         self._tokenize_style = await self._detect_tokenize_style()
-        return ServerInfo(self.url, self.model, n_ctx, source, self._tokenize_style is not None)
+        path = props.get("model_path") if isinstance(props, dict) else None
+        return ServerInfo(self.url, self.model, n_ctx, source, self._tokenize_style is not None,
+                          path if isinstance(path, str) else None)
 
     async def count_tokens(self, text: str) -> int | None:
         if self._tokenize_style is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from lamplight.bench.client import ServerClient, ServerInfo
 from lamplight.bench.config import BenchConfig
@@ -25,8 +26,11 @@ class Target:
 
 class BenchContext:
     def __init__(self, targets: list[Target], prompts: PromptFactory, config: BenchConfig,
-                 progress: Progress, api: str = "completions"):
+                 progress: Progress, api: str = "completions",
+                 bandwidth_probe: Callable[[], float | None] | None = None):
         self.targets = targets
+        # The host's memory bandwidth in GB/s (lamplight.bench.roofline's native probe if None).
+        self.bandwidth_probe = bandwidth_probe
         self.prompts = prompts
         self.config = config
         self.progress = progress

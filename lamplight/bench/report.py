@@ -25,11 +25,14 @@ class MetricRow:
     higher_is_better: bool
     values: dict[str, float | None]
     samples: dict[str, int] = field(default_factory=dict)
+    # False for a figure of the host rather than the server (the bandwidth a roofline is taken
+    # from): no ratio, no winner.
+    compared: bool = True
 
     def ratio(self) -> float | None:
         """A/B, when both values exist."""
         a, b = self.values.get("A"), self.values.get("B")
-        if a is None or b is None or b == 0:
+        if not self.compared or a is None or b is None or b == 0:
             return None
         return a / b
 
@@ -165,7 +168,7 @@ def format_table(report: BenchReport) -> str:
 
 
 def _table_cells(row: MetricRow, labels: list[str]) -> list[str]:
-    direction = "higher is better" if row.higher_is_better else "lower is better"
+    direction = ("higher is better" if row.higher_is_better else "lower is better") if row.compared else "of the host"
     cells = [row.scenario, f"{row.name} [{row.unit}] ({direction})"]
     cells += [_format_number(row.values.get(label)) for label in labels]
     if len(labels) == 2:

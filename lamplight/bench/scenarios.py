@@ -14,6 +14,7 @@ from typing import Awaitable, Callable
 from lamplight.bench.context import TEMPLATE_MARGIN, BenchContext, Target
 from lamplight.bench.prompts import Prompt
 from lamplight.bench.report import MetricRow, ScenarioResult, median_or_none, scaled
+from lamplight.bench.roofline import Roofline
 
 
 def summary_row(scenario: ScenarioResult, ctx: BenchContext, name: str, unit: str,
@@ -36,16 +37,21 @@ async def run_decode(ctx: BenchContext) -> ScenarioResult:
                                          "repeats": cfg.decode_repeats})
     prompts = [await ctx.prompts.prompt(cfg.decode_prompt_tokens, f"decode/{i}")
                for i in range(cfg.decode_repeats)]
+    roofline = Roofline(ctx.targets, ctx.bandwidth_probe)
     ctx.progress.start("decode", len(prompts) * len(ctx.targets))
     for repeat, prompt in enumerate(prompts):
         for target in ctx.targets:
-            await ctx.measure(scenario, target, prompt, cfg.decode_max_tokens, repeat=repeat)
+            before = await roofline.sample(target.label)
+            record = await ctx.measure(scenario, target, prompt, cfg.decode_max_tokens, repeat=repeat)
+            roofline.judge(record, before, await roofline.sample(target.label))
     ctx.progress.finish()
     scenario.rows = [
         summary_row(scenario, ctx, "decode speed, single stream", "tok/s", True, "decode_tps"),
+        *roofline.rows(scenario, [t.label for t in ctx.targets]),
         summary_row(scenario, ctx, f"latency for {cfg.decode_max_tokens} tokens", "ms", False,
                     "total_s", 1000),
     ]
+    scenario.params["roofline"] = roofline.params()
     return scenario
 
 
