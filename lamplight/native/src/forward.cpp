@@ -201,6 +201,12 @@ KeyRange key_range(const LpLayer& layer, const LpBatch& b, int r) {
     return {first, key_end(b, r) - first};
 }
 
+// Whether row r is the only row of its chunk (consecutive rows share one key list): a decode row.
+bool alone_in_chunk(const LpBatch& b, int r) {
+    return (r == 0 || b.key_offsets[r - 1] != b.key_offsets[r]) &&
+           (r + 1 == b.n_rows || b.key_offsets[r + 1] != b.key_offsets[r]);
+}
+
 void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const LpKV& kv, const float* qkv, int n_qkv,
                float* attn) {
     const LpConfig& c = config_of(m, layer);
@@ -264,7 +270,7 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
         const int64_t* slots = b.key_slots + b.key_offsets[r] + kr.first;
         if (in_place && lp::attend_rows_in_place(c, q, (const uint16_t*)kv.k[li] + (int64_t)g * kv.pool_tokens * dk,
                                                  (const uint16_t*)kv.v[li] + (int64_t)g * kv.pool_tokens * dv, slots,
-                                                 kr.n, sinks, out, scratch))
+                                                 kr.n, sinks, out, scratch, alone_in_chunk(b, r)))
             return;
         float* keys = grow(m.thread_scratch[2 * thread + 1], (size_t)kr.n * (dk + dv));
         lp::load_rows(kv.k[li], kv.k_type, (int64_t)g * kv.pool_tokens * dk, slots, kr.n, dk, keys);
