@@ -369,14 +369,15 @@ const char* const kIsa = "avx512vnni";
 // overflow L2 (576->3072 at 512 rows) pushed the activations out of L2 too and ran 10-25% slower.
 constexpr size_t kRowBlockBytes = 64 * 1024;
 
-// The output lines a tile will write kDstAheadGroups groups of columns from now, asked for with
-// the intent to write: a prompt's outputs (33.5 MB for a 512-row gate_up of a 1B model) are in no
-// cache, and a tile whose first store misses waits for the line (512-token prompt of the random
-// 1B Q4_K_M file on Zen 5: 894-908 ms against 959-967 ms without; a 512-row 16384x2048 Q8_0, Q4_0
-// or Q4_1 linear 9-11% faster, Q6_K 1%; 2 groups ahead as fast, 1 not enough; 16-row decode
-// steps the same within noise). Past the columns or the rows a prefetch touches a line it
-// does not need, and never faults. The AVX2 tiles, which store once at their end, ran 2-10% slower
-// with it, so they do without.
+// The output lines a tile will write kDstAheadGroups groups of columns from now, asked for
+// ahead: a prompt's outputs (33.5 MB for a 512-row gate_up of a 1B model) are in no cache, and a
+// tile whose first store misses waits for the line (512-token prompt of the random 1B Q4_K_M
+// file on Zen 5: 894-908 ms against 959-967 ms without; a 512-row 16384x2048 Q8_0, Q4_0 or Q4_1
+// linear 9-11% faster, Q6_K 1%; 2 groups ahead as fast, 1 not enough; 16-row decode steps the
+// same within noise). The write hint becomes a plain prefetcht0, since the build does not enable
+// PRFCHW; a prefetchw build (-mprfchw) measured the same, prompts and 16-row steps within 1%.
+// Past the columns or the rows a prefetch touches a line it does not need, and never faults.
+// The AVX2 tiles, which store once at their end, ran 2-10% slower with it, so they do without.
 constexpr int kDstAheadGroups = 4;
 template <int R> inline void prefetch_dst(float* const* dst) {
     for (int r = 0; r < R; ++r) __builtin_prefetch(dst[r] + kDstAheadGroups * kGroup, 1, 3);
