@@ -70,11 +70,6 @@ void head_runs(int group, Fn&& fn) {
     for (; h < group; h++) fn(std::integral_constant<int, 1>(), h);
 }
 
-// Where the kernels below read the rows of keys or values: float32 rows one after another (a
-// chunk's keys converted once, or a KV type converted per row), or the pool's fp16 rows at their
-// slots, read in place. fp16 converts to float32 exactly, so both give a row the same bits; read
-// in place, a decode row's keys cross memory once, as fp16, instead of being written out as
-// float32 and read back.
 // Asks for the cache lines of `bytes` from p (a prefetch never faults, and changes no result).
 // An asm statement rather than __builtin_prefetch: GCC 12's dead-code elimination dropped the
 // builtin's loops from the score kernels below (they have no other effect), leaving no prefetch.
@@ -83,6 +78,11 @@ inline void prefetch_bytes(const void* p, int bytes) {
         asm volatile("prefetcht0 %0" : : "m"(*(static_cast<const char*>(p) + offset)));
 }
 
+// Where the kernels below read the rows of keys or values: float32 rows one after another (a
+// chunk's keys converted once, or a KV type converted per row), or the pool's fp16 rows at their
+// slots, read in place. fp16 converts to float32 exactly, so both give a row the same bits; read
+// in place, a decode row's keys cross memory once, as fp16, instead of being written out as
+// float32 and read back.
 struct F32Rows {
     using T = float;
     const float* base;
