@@ -449,7 +449,8 @@ class ClosingServer:
                     body += conn.recv(65536)
                 if self.connections <= self.drops:
                     continue
-                events = _sse({"choices": [{"index": 0, "text": " tok", "finish_reason": "length"}]}) + "data: [DONE]\n\n"
+                events = (_sse({"choices": [{"index": 0, "text": " tok", "finish_reason": "length"}]})
+                          + "data: [DONE]\n\n")
                 conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n"
                              b"content-length: %d\r\n\r\n%s" % (len(events), events.encode()))
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 from lamplight.bench.client import ServerClient, ServerInfo
 from lamplight.bench.config import BenchConfig
@@ -26,11 +25,8 @@ class Target:
 
 class BenchContext:
     def __init__(self, targets: list[Target], prompts: PromptFactory, config: BenchConfig,
-                 progress: Progress, api: str = "completions",
-                 bandwidth_probe: Callable[[], float | None] | None = None):
+                 progress: Progress, api: str = "completions"):
         self.targets = targets
-        # The host's memory bandwidth in GB/s (lamplight.bench.roofline's native probe if None).
-        self.bandwidth_probe = bandwidth_probe
         self.prompts = prompts
         self.config = config
         self.progress = progress

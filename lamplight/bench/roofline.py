@@ -14,7 +14,7 @@ import asyncio
 import ipaddress
 import os
 import statistics
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from lamplight.bench.report import MetricRow, ScenarioResult, median_or_none
@@ -26,9 +26,6 @@ if TYPE_CHECKING:
 # What the probe reads: far past any last-level cache, small enough to take a fraction of a second.
 PROBE_BYTES = 512 << 20
 PROBE_PASSES = 3
-
-BandwidthProbe = Callable[[], "float | None"]
-
 
 def decode_bytes_per_token(path: str | os.PathLike) -> int:
     """Bytes of weights one decode step of one stream reads from the GGUF at `path`."""
@@ -104,14 +101,13 @@ class Roofline:
     its model file, where it runs on this host), and the bandwidth measured before and after each
     of its requests (their mean judges the request)."""
 
-    def __init__(self, targets: list[Target], probe: BandwidthProbe | None = None):
+    def __init__(self, targets: list[Target]):
         self.bytes: dict[str, int | None] = {}
         self.reasons: dict[str, str] = {}
         for target in targets:
             self.bytes[target.label], reason = model_bytes_or_reason(target.info.url, target.info.model_path)
             if reason:
                 self.reasons[target.label] = reason
-        self.probe = probe or read_bandwidth_gbps
         self.samples: dict[str, list[float]] = {target.label: [] for target in targets}
         self.unavailable = False
 
@@ -122,7 +118,7 @@ class Roofline:
         """The bandwidth now, where `label`'s requests are judged (the servers idle meanwhile)."""
         if not self.judged(label):
             return None
-        gbps = await asyncio.to_thread(self.probe)
+        gbps = await asyncio.to_thread(read_bandwidth_gbps)
         if gbps is None:
             self.unavailable = True
             return None

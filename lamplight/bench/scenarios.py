@@ -37,7 +37,7 @@ async def run_decode(ctx: BenchContext) -> ScenarioResult:
                                          "repeats": cfg.decode_repeats})
     prompts = [await ctx.prompts.prompt(cfg.decode_prompt_tokens, f"decode/{i}")
                for i in range(cfg.decode_repeats)]
-    roofline = Roofline(ctx.targets, ctx.bandwidth_probe)
+    roofline = Roofline(ctx.targets)
     ctx.progress.start("decode", len(prompts) * len(ctx.targets))
     for repeat, prompt in enumerate(prompts):
         for target in ctx.targets:
