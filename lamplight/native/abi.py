@@ -313,6 +313,9 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.lp_profile.restype = c_int32
     lib.lp_kv_rows.argtypes = [c_int32, c_int32, ctypes.c_void_p, ctypes.c_int64, c_int32, ctypes.c_void_p]
     lib.lp_kv_rows.restype = c_int32
+    lib.lp_dequantize_rows.argtypes = [c_int32, c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, c_void_p,
+                                       ctypes.c_int64, c_void_p]
+    lib.lp_dequantize_rows.restype = c_int32
     lib.lp_read_bandwidth.argtypes = [ctypes.c_int64, c_int32]
     lib.lp_read_bandwidth.restype = ctypes.c_double  # GB/s, or -1 (lp_last_error says why)
     lib.lp_set_one_row_prefetch.argtypes = [c_int32]

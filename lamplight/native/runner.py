@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..gguf.file import TensorInfo
-from ..gguf.quant import dequantize, dequantize_rows
+from ..gguf.quant import dequantize
 from ..models.lora import LoraAdapter, LoraScales, check_adapters
 from ..models.rope import RopeTables
 from ..models.rows import BatchRows, batch_rows
@@ -35,6 +35,7 @@ from ..state.advance import advance_states
 from . import abi
 from .abi import NativeUnsupported
 from .context_shift import KeyRotation, shift_kv
+from .lookup import embedding_rows
 from .linear import address as _ptr, describe_linear, hold, pack_groups
 from .threads import configured_threads
 
@@ -370,7 +371,7 @@ class NativeRunner(ModelRunner):
     def _forward(self, rows: BatchRows, state: ModelState, logit_rows: np.ndarray, width: int, entry,
                  loras: bool) -> np.ndarray:
         """One call of `entry` (lp_forward_states or lp_forward_hidden): its output [logit rows, width]."""
-        embd = dequantize_rows(self.spec.token_embd, rows.token_ids)
+        embd = embedding_rows(self.lib, self.spec.token_embd, rows.token_ids)
         given = _given_rows(rows, embd)
         key_ends = None if rows.key_ends is None else np.ascontiguousarray(rows.key_ends)
         key_offsets, key_slots = key_table(rows)
@@ -385,7 +386,7 @@ class NativeRunner(ModelRunner):
                 or (key_ends is not None and (key_ends.dtype != np.int64 or key_ends.size != n_rows))):
             raise ValueError("native forward: the batch's arrays are not int64 [rows] (embeddings float32 [rows, n_embd])")
         ple = self.spec.per_layer_inputs
-        per_layer_rows = None if ple is None else dequantize_rows(ple.token_embd, rows.token_ids)
+        per_layer_rows = None if ple is None else embedding_rows(self.lib, ple.token_embd, rows.token_ids)
         out = np.empty((logit_rows.size, width), dtype=np.float32)
         scales = self.step_lora_scales() if loras else None
         b = abi.Batch(n_rows=n_rows, n_logits=logit_rows.size, n_key_slots=key_slots.size,
