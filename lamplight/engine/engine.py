@@ -453,7 +453,9 @@ class Engine:
                     rows.append(row)
                 row += 1
         if sampled_seqs:
-            self._sample_and_process(logits[rows], sampled_seqs)
+            # Most steps sample every logit row once, in order: no copy of the rows then.
+            every_row = len(rows) == len(logits) and rows == list(range(len(logits)))
+            self._sample_and_process(logits if every_row else logits[rows], sampled_seqs)
         for seq, seq_rows in verified.items():
             self._verify(seq, logits[_rows_index(seq_rows)])
         if self.draft_policy is not None and decode_only and self._step_drafts is not None:

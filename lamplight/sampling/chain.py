@@ -82,7 +82,7 @@ def _best_tokens(logits: np.ndarray, samplers: Sequence[SequenceSampler], allowe
     row's best candidate after the mask, logit_bias and forced tokens, and the draw would pick it
     (the lowest id among equal maxima, as the greedy step keeps), so that is computed directly.
     None if a row has no candidate left (the chain's fallback decides)."""
-    work = _constrained(logits, samplers, allowed_mask, forced)
+    work = _constrained(logits, samplers, allowed_mask, forced, writable=False)
     tokens = work.argmax(axis=1)  # the first of equal maxima; a NaN wins, and is caught below
     best = work[np.arange(len(tokens)), tokens]
     if bool(np.isneginf(best).any()) or bool(np.isnan(best).any()):
@@ -137,9 +137,15 @@ def _run_chain(
 
 
 def _constrained(logits: np.ndarray, samplers: Sequence[SequenceSampler], allowed_mask: np.ndarray | None,
-                 forced: dict[int, int] | None, on_step: StepObserver | None = None) -> np.ndarray:
+                 forced: dict[int, int] | None, on_step: StepObserver | None = None,
+                 writable: bool = True) -> np.ndarray:
     """What every row's samplers start from: a float32 copy of the logits (C order: every row
-    contiguous) with the grammar mask, logit_bias and forced tokens applied."""
+    contiguous) with the grammar mask, logit_bias and forced tokens applied. A reader that
+    writes nothing (`writable` False) gets the logits themselves when none of those applies:
+    a 16-row step's copy was 3 MiB."""
+    untouched = allowed_mask is None and not forced and not any(sampler.logit_bias for sampler in samplers)
+    if untouched and not writable and logits.dtype == np.float32:
+        return logits
     work = np.array(logits, dtype=np.float32, order="C")
     if allowed_mask is not None:
         truncation.keep_only(work, allowed_mask)
