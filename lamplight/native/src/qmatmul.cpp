@@ -357,6 +357,18 @@ template <int FMT> inline void prefetch_ahead(const uint8_t* rec) {
     if constexpr (kPrefetchBytes > 0) prefetch_lines(rec + kPrefetchBytes, Fmt<FMT>::qbytes);
 }
 
+// A one-row tile's prefetch for block j of a super-block: its share of the super-block's bytes
+// (header included) kPrefetchBytes ahead, so that every line of the group's stream is asked for.
+// prefetch_ahead asks for each block's quants alone, which leaves the super-blocks' headers (320
+// of Q4_K's 2368 bytes) to demand misses. One-row steps of the random Q4_K_M files on Zen 5,
+// builds alternated in one process (both orders): 1B 3-6% faster, 3B 5-6%. Multi-row tiles,
+// whose weights come from cache in prompts, ran 512-token prompts 1.5% slower with it (16-row
+// steps the same) and keep prefetch_ahead.
+template <class L> inline void prefetch_super_ahead(const uint8_t* grp, int b, int j) {
+    constexpr int span = int((L::super_bytes + L::per_super - 1) / L::per_super + 63) / 64 * 64;
+    if constexpr (kPrefetchBytes > 0) prefetch_lines(L::super_of(grp, b) + kPrefetchBytes + j * span, span);
+}
+
 // -- tiles: R rows x one group of 16 columns, the whole of k ----------------------------------
 // tile<FMT, MIN, ZERO8, SUP, R>(grp, nblk, a, dst) writes dst[r][0..16) for r < R.
 
@@ -497,7 +509,11 @@ void tile_super(const uint8_t* grp, int nblk, const ActsRow* a, float* const* ds
         for (int j = 0; j < per; ++j) {
             const int b = b0 + j;
             const uint8_t* rec = L::quants(grp, b);
-            if (prefetches<R>()) prefetch_ahead<FMT>(rec);
+            if constexpr (R == 1) {
+                if (prefetches<R>()) prefetch_super_ahead<L>(grp, b, j);
+            } else if (prefetches<R>()) {
+                prefetch_ahead<FMT>(rec);
+            }
             __m512i isum[R];
             block_sums<FMT, false, R>(rec, a, b * block, b, isum);
             const __m512i f = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(L::factors(grp, b, 0))));
