@@ -35,8 +35,8 @@ from ..state.advance import advance_states
 from . import abi
 from .abi import NativeUnsupported
 from .context_shift import KeyRotation, shift_kv
-from .lookup import embedding_rows
 from .linear import address as _ptr, describe_linear, hold, pack_groups
+from .lookup import embedding_rows
 from .threads import configured_threads
 
 if TYPE_CHECKING:
