@@ -258,6 +258,43 @@ void score_keys_heads16(const float* const* q, const Rows& keys, int64_t n, int 
     }
 }
 
+
+// Scores against a chunk's transposed keys (lp::transpose_keys): a 16-lane vector holds one
+// index of 16 keys, so each key's 8-lane chain of score_keys (lane l: the products at l, l + 8,
+// ... in order) is a vector of its own, accumulated by FMAs against the query's value at that
+// index broadcast, and score_keys' tree over the eight lanes is a few vector adds: no shuffles,
+// and one fp16 conversion per index of 16 keys instead of one per key and 8 values for each row.
+// Lanes 0-3 of the chains, then 4-7, so that 4 heads' accumulators (16) share each key vector;
+// ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)) as score_keys adds them. Every key's score has
+// score_keys' bits (fp16 converts exactly); keys do not mix, and a last block's missing ones
+// score zeros, unread.
+template <int H>
+void score_keys_transposed(const float* const* q, const uint16_t* kt, int64_t n_blocks, int d, float scale,
+                           float* const* scores) {
+    const __m512 scale16 = _mm512_set1_ps(scale);
+    for (int64_t blk = 0; blk < n_blocks; blk++) {
+        const uint16_t* keys = kt + blk * lp::KEY_BLOCK * d;
+        __m512 low[H];
+        for (int part = 0; part < 2; part++) {
+            __m512 a[H][4];
+            for (int h = 0; h < H; h++)
+                for (int l = 0; l < 4; l++) a[h][l] = _mm512_setzero_ps();
+            for (int i = 4 * part; i < d; i += 8)
+                for (int l = 0; l < 4; l++) {
+                    const __m512 kv = _mm512_cvtph_ps(
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys + (int64_t)(i + l) * lp::KEY_BLOCK)));
+                    for (int h = 0; h < H; h++) a[h][l] = _mm512_fmadd_ps(_mm512_set1_ps(q[h][i + l]), kv, a[h][l]);
+                }
+            for (int h = 0; h < H; h++) {
+                const __m512 sum = _mm512_add_ps(_mm512_add_ps(a[h][0], a[h][1]), _mm512_add_ps(a[h][2], a[h][3]));
+                if (part == 0)
+                    low[h] = sum;
+                else
+                    _mm512_storeu_ps(scores[h] + blk * lp::KEY_BLOCK, _mm512_mul_ps(_mm512_add_ps(low[h], sum), scale16));
+            }
+        }
+    }
+}
 #endif
 
 #if defined(__AVX2__)
@@ -355,6 +392,30 @@ void attend_rows_in(const LpConfig& c, const float* q, const Rows& keys, const R
 }
 #endif
 
+#if defined(__AVX512F__)
+// attend_rows_in with the scores from a chunk's transposed keys (lp::transpose_keys), the row's
+// keys being the chunk's from `skip` on. Whole blocks are scored, the first block's keys before
+// `skip` too (their lanes are their own, and unread).
+void attend_rows_transposed_in(const LpConfig& c, const float* q, const uint16_t* kt, int64_t skip, int64_t n,
+                               const F16PoolRows& values, const float* sinks, float* out, vector<float>& scratch) {
+    const int dk = c.head_dim_k, dv = c.head_dim_v, group = c.n_heads / c.n_kv_heads;
+    const int64_t first_block = skip / lp::KEY_BLOCK, offset = skip % lp::KEY_BLOCK;
+    const int64_t n_blocks = (offset + n + lp::KEY_BLOCK - 1) / lp::KEY_BLOCK, stride = n_blocks * lp::KEY_BLOCK;
+    float* scores = grow(scratch, (size_t)stride * group);
+    head_runs(group, [&](auto heads, int i) {
+        constexpr int H = decltype(heads)::value;
+        const float* qs[H];
+        float* ss[H];
+        float* outs[H];
+        float inv[H];
+        for (int h = 0; h < H; h++) qs[h] = q + (int64_t)(i + h) * dk, ss[h] = scores + (i + h) * stride, outs[h] = out + (int64_t)(i + h) * dv;
+        score_keys_transposed<H>(qs, kt + first_block * lp::KEY_BLOCK * dk, n_blocks, dk, c.attn_scale, ss);
+        for (int h = 0; h < H; h++) ss[h] += offset, inv[h] = softmax_scores(c, ss[h], n, sinks ? sinks + i + h : nullptr);
+        weigh_values_heads<H, ValueLanes>(ss, values, n, dv, inv, outs);
+    });
+}
+#endif
+
 }  // namespace
 
 namespace lp {
@@ -393,6 +454,28 @@ bool attend_rows_in_place(const LpConfig& c, const float* q, const uint16_t* k_h
 #else
     (void)c, (void)q, (void)k_head, (void)v_head, (void)slots, (void)n, (void)sinks, (void)out, (void)scratch,
         (void)prefetch;
+    return false;
+#endif
+}
+
+
+void transpose_keys(const uint16_t* k_head, const int64_t* slots, int64_t n, int d, uint16_t* kt) {
+    const int64_t padded = (int64_t)transposed_keys(n, d) / d;
+    for (int64_t j = 0; j < padded; j++) {
+        uint16_t* column = kt + (j / KEY_BLOCK) * KEY_BLOCK * d + j % KEY_BLOCK;
+        const uint16_t* row = j < n ? k_head + slots[j] * d : nullptr;
+        for (int i = 0; i < d; i++) column[(int64_t)i * KEY_BLOCK] = row ? row[i] : 0;
+    }
+}
+
+bool attend_rows_transposed(const LpConfig& c, const float* q, const uint16_t* kt, int64_t skip, int64_t n,
+                            const uint16_t* v_head, const int64_t* slots, const float* sinks, float* out,
+                            std::vector<float>& scratch) {
+#if defined(__AVX512F__)
+    attend_rows_transposed_in(c, q, kt, skip, n, F16PoolRows{v_head, slots, c.head_dim_v, zero_halves}, sinks, out, scratch);
+    return true;
+#else
+    (void)c, (void)q, (void)kt, (void)skip, (void)n, (void)v_head, (void)slots, (void)sinks, (void)out, (void)scratch;
     return false;
 #endif
 }

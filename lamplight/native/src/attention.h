@@ -42,4 +42,31 @@ bool attend_rows_in_place(const LpConfig& c, const float* q, const uint16_t* k_h
                           const int64_t* slots, int64_t n, const float* sinks, float* out, std::vector<float>& scratch,
                           bool prefetch);
 
+// Whether attend_rows_transposed runs on this build (AVX-512 ones): the rows of a prompt chunk
+// over an fp16 pool then score against the chunk's keys transposed once (transpose_keys).
+#if defined(__AVX512F__)
+constexpr bool scores_transposed = true;
+#else
+constexpr bool scores_transposed = false;
+#endif
+
+// Keys a block of transposed keys holds.
+constexpr int KEY_BLOCK = 16;
+
+// fp16 values transpose_keys writes for n keys of d values: whole blocks of KEY_BLOCK keys.
+inline size_t transposed_keys(int64_t n, int d) { return (size_t)((n + KEY_BLOCK - 1) / KEY_BLOCK) * KEY_BLOCK * d; }
+
+// The n fp16 key rows at `slots` of one KV head's part of a pool (k_head: its first row) into kt,
+// as they are stored (the same bits): block b holds keys [16 b, 16 b + 16) as d rows of 16
+// values, value i of key j at kt[(j / 16) * 16 d + i * 16 + j % 16]; a last block's missing keys
+// are zeros.
+void transpose_keys(const uint16_t* k_head, const int64_t* slots, int64_t n, int d, uint16_t* kt);
+
+// attend_rows_in_place for a row of a chunk whose keys transpose_keys wrote to kt: the row's n
+// keys are kt's from key `skip` on, its values the pool's rows read in place (v_head, value j at
+// slots[j]). The same bits. False (nothing computed) where the build cannot (scores_transposed).
+bool attend_rows_transposed(const LpConfig& c, const float* q, const uint16_t* kt, int64_t skip, int64_t n,
+                            const uint16_t* v_head, const int64_t* slots, const float* sinks, float* out,
+                            std::vector<float>& scratch);
+
 }  // namespace lp

@@ -65,11 +65,15 @@ struct PhaseTimer {
 // The rows of a prompt chunk share their sequence's keys: where the pool is not read in place
 // (KV types other than fp16, the generic build), converted once per chunk and KV head (phase
 // one), then read by every row (phase two). Converting is exact, so a row's result is the same
-// as if it had converted its keys itself (as single-row chunks do).
+// as if it had converted its keys itself (as single-row chunks do). On the AVX-512 builds
+// (lp::scores_transposed) the keys of an fp16 pool's chunk are instead transposed once per KV head
+// (lp::transpose_keys, the same bits) for its rows' scores, and the values read in place.
 struct SharedKeys {
     int first_row = 0, n_rows = 0;
     int64_t lo = 0, hi = 0;  // key positions converted: [lo, hi)
-    size_t offset = 0;       // into Model::shared_kv, per KV head (dk + dv) * (hi - lo) floats
+    // Into Model::shared_kv, per KV head (dk + dv) * (hi - lo) floats; transposed, into
+    // Model::shared_kt, per KV head lp::transposed_keys(hi - lo, dk) values.
+    size_t offset = 0;
 };
 
 struct Model {
@@ -79,7 +83,8 @@ struct Model {
     vector<float> h, x, qkv, attn, gate, out, gate_up, act, logits_in;
     vector<uint8_t> acts;
     vector<vector<float>> thread_scratch;
-    vector<float> shared_kv;  // converted keys of multi-row chunks (attention)
+    vector<float> shared_kv;     // converted keys of multi-row chunks (attention)
+    vector<uint16_t> shared_kt;  // or their keys transposed (lp::scores_transposed)
     vector<SharedKeys> shared;
     vector<int> chunk_of;
     // Mixture of experts: each row's experts and weights, the rows of each expert, outputs.
@@ -214,13 +219,15 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
     int64_t n_attn = (int64_t)c.n_heads * dv;
     // fp16 pools (the default) are read in place by every row; other types are converted.
     bool in_place = lp::reads_fp16_in_place && kv.k_type == LP_KV_F16 && kv.v_type == LP_KV_F16;
-    // Chunks of several rows (consecutive rows with one key list) get shared converted keys.
+    // Chunks of several rows (consecutive rows with one key list) get shared converted keys, or
+    // over an fp16 pool on the AVX-512 builds, shared transposed keys.
+    const bool transposed = in_place && lp::scores_transposed;
     vector<SharedKeys>& shared = m.shared;
     vector<int>& chunk_of = m.chunk_of;
     shared.clear();
     chunk_of.assign(T, -1);
     size_t total = 0;
-    for (int r = 0; r < T && !in_place;) {
+    for (int r = 0; r < T && (!in_place || transposed);) {
         int end = r + 1;
         while (end < T && b.key_offsets[end] == b.key_offsets[r]) end++;
         if (end - r > 1) {
@@ -233,18 +240,27 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
                 chunk_of[i] = (int)shared.size();
             }
             sk.offset = total;
-            total += (size_t)(sk.hi - sk.lo) * (dk + dv) * H;
+            total += transposed ? lp::transposed_keys(sk.hi - sk.lo, dk) * H : (size_t)(sk.hi - sk.lo) * (dk + dv) * H;
             shared.push_back(sk);
         }
         r = end;
     }
-    float* buffer = grow(m.shared_kv, total);
+    float* buffer = grow(m.shared_kv, transposed ? 0 : total);
+    uint16_t* kt_buffer = grow(m.shared_kt, transposed ? total : 0);
     auto keys_of = [&](const SharedKeys& sk, int g) { return buffer + sk.offset + (size_t)g * (sk.hi - sk.lo) * (dk + dv); };
+    auto kt_of = [&](const SharedKeys& sk, int g) {
+        return kt_buffer + sk.offset + (size_t)g * lp::transposed_keys(sk.hi - sk.lo, dk);
+    };
+    const auto head_rows = [&](const void* pool, int g, int d) { return (const uint16_t*)pool + (int64_t)g * kv.pool_tokens * d; };
     lp::parallel_for((int64_t)shared.size() * H, [&](int64_t task, int) {
         const SharedKeys& sk = shared[task / H];
         int g = (int)(task % H);
         int64_t n = sk.hi - sk.lo;
         const int64_t* slots = b.key_slots + b.key_offsets[sk.first_row] + sk.lo;
+        if (transposed) {
+            lp::transpose_keys(head_rows(kv.k[li], g, dk), slots, n, dk, kt_of(sk, g));
+            return;
+        }
         float* keys = keys_of(sk, g);
         lp::load_rows(kv.k[li], kv.k_type, (int64_t)g * kv.pool_tokens * dk, slots, n, dk, keys);
         lp::load_rows(kv.v[li], kv.v_type, (int64_t)g * kv.pool_tokens * dv, slots, n, dv, keys + n * dk);
@@ -259,15 +275,20 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
         float* out = attn + r * n_attn + (int64_t)g * group * dv;
         const float* sinks = layer.sinks ? layer.sinks + (int64_t)g * group : nullptr;
         vector<float>& scratch = m.thread_scratch[2 * thread];
+        const int64_t* slots = b.key_slots + b.key_offsets[r] + kr.first;
         if (chunk_of[r] >= 0) {
             const SharedKeys& sk = shared[chunk_of[r]];
+            int64_t skip = kr.first - sk.lo;
+            if (transposed) {  // attend_rows_transposed runs on every build where `transposed` holds
+                lp::attend_rows_transposed(c, q, kt_of(sk, g), skip, kr.n, head_rows(kv.v[li], g, dv), slots, sinks, out,
+                                           scratch);
+                return;
+            }
             const float* keys = keys_of(sk, g);
             const float* values = keys + (sk.hi - sk.lo) * dk;
-            int64_t skip = kr.first - sk.lo;
             lp::attend_rows(c, q, keys + skip * dk, values + skip * dv, kr.n, sinks, out, scratch);
             return;
         }
-        const int64_t* slots = b.key_slots + b.key_offsets[r] + kr.first;
         if (in_place && lp::attend_rows_in_place(c, q, (const uint16_t*)kv.k[li] + (int64_t)g * kv.pool_tokens * dk,
                                                  (const uint16_t*)kv.v[li] + (int64_t)g * kv.pool_tokens * dv, slots,
                                                  kr.n, sinks, out, scratch, alone_in_chunk(b, r)))
