@@ -42,7 +42,8 @@ def lib(request):
 
 @pytest.mark.parametrize("qtype", NATIVE_TYPES + (Q.F32, Q.F16, Q.BF16), ids=lambda t: t.name)
 def test_rows_are_ggufs_bits(lib, qtype):
-    info = float_info(qtype, 50, 512, seed=3) if qtype in (Q.F32, Q.F16, Q.BF16) else random_info(qtype, 50, 512, seed=3)
+    floats = qtype in (Q.F32, Q.F16, Q.BF16)
+    info = float_info(qtype, 50, 512, seed=3) if floats else random_info(qtype, 50, 512, seed=3)
     # repeated ids, the first and last rows, and enough rows for the pool's tasks (64 and more)
     ids = np.concatenate([[0, 49, 7, 7], np.random.default_rng(4).integers(0, 50, 90)])
     expected = dequantize_rows(info, ids)

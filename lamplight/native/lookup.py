@@ -39,8 +39,8 @@ def embedding_rows(lib: ctypes.CDLL, table: TensorInfo, token_ids: np.ndarray) -
     ids = np.ascontiguousarray(token_ids, dtype=np.int64)
     data = table.data.reshape(n_rows, -1)
     out = np.empty((ids.size, n_cols), dtype=np.float32)
-    rc = _holding_the_gil(lib).lp_dequantize_rows(int(table.qtype), address(data), n_rows, data.shape[1], n_cols, address(ids),
-                                ids.size, address(out))
+    rc = _holding_the_gil(lib).lp_dequantize_rows(int(table.qtype), address(data), n_rows, data.shape[1], n_cols,
+                                                  address(ids), ids.size, address(out))
     if rc == abi.LP_ERR_UNSUPPORTED:
         return dequantize_rows(table, token_ids)
     if rc != abi.LP_OK:

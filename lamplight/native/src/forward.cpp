@@ -251,7 +251,9 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
     auto kt_of = [&](const SharedKeys& sk, int g) {
         return kt_buffer + sk.offset + (size_t)g * lp::transposed_keys(sk.hi - sk.lo, dk);
     };
-    const auto head_rows = [&](const void* pool, int g, int d) { return (const uint16_t*)pool + (int64_t)g * kv.pool_tokens * d; };
+    const auto head_rows = [&](const void* pool, int g, int d) {
+        return (const uint16_t*)pool + (int64_t)g * kv.pool_tokens * d;  // an fp16 pool's KV head g
+    };
     lp::parallel_for((int64_t)shared.size() * H, [&](int64_t task, int) {
         const SharedKeys& sk = shared[task / H];
         int g = (int)(task % H);
@@ -280,8 +282,8 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
             const SharedKeys& sk = shared[chunk_of[r]];
             int64_t skip = kr.first - sk.lo;
             if (transposed) {  // attend_rows_transposed runs on every build where `transposed` holds
-                lp::attend_rows_transposed(c, q, kt_of(sk, g), skip, kr.n, head_rows(kv.v[li], g, dv), slots, sinks, out,
-                                           scratch);
+                lp::attend_rows_transposed(c, q, kt_of(sk, g), skip, kr.n, head_rows(kv.v[li], g, dv), slots, sinks,
+                                           out, scratch);
                 return;
             }
             const float* keys = keys_of(sk, g);
