@@ -365,29 +365,40 @@ void weigh_values_heads(const float* const* p, const Rows& values, int64_t n, in
 #endif
 
 #if defined(__AVX2__)
-// attend_rows over keys and values wherever they are (F32Rows, F16PoolRows): heads in runs that
-// share the loads (the same bits as one at a time). `prefetch`: ask for the rows ahead (a decode
-// row's: kAheadBytes).
-template <class Rows>
-void attend_rows_in(const LpConfig& c, const float* q, const Rows& keys, const Rows& values, int64_t n,
-                    const float* sinks, float* out, vector<float>& scratch, bool prefetch = false) {
+// A row's attention for its KV group, the heads in runs that share the loads (the same bits as
+// one at a time): `score(heads, i, qs, ss)` writes the scores of run [i, i + H) into ss (rows of
+// `stride` scores, the row's n keys from `offset` on), then softmax and the values, in key order.
+template <class Rows, class Score>
+void attend_heads(const LpConfig& c, const float* q, int64_t n, int64_t stride, int64_t offset, const Rows& values,
+                  const float* sinks, float* out, vector<float>& scratch, Score&& score) {
     int dk = c.head_dim_k, dv = c.head_dim_v, group = c.n_heads / c.n_kv_heads;
-    float* scores = grow(scratch, (size_t)n * group);
+    float* scores = grow(scratch, (size_t)stride * group);
     head_runs(group, [&](auto heads, int i) {
         constexpr int H = decltype(heads)::value;
         const float* qs[H];
         float* ss[H];
         float* outs[H];
         float inv[H];
-        for (int h = 0; h < H; h++) qs[h] = q + (int64_t)(i + h) * dk, ss[h] = scores + (i + h) * n, outs[h] = out + (int64_t)(i + h) * dv;
+        for (int h = 0; h < H; h++) qs[h] = q + (int64_t)(i + h) * dk, ss[h] = scores + (i + h) * stride, outs[h] = out + (int64_t)(i + h) * dv;
+        score(heads, i, qs, ss);
+        for (int h = 0; h < H; h++) ss[h] += offset, inv[h] = softmax_scores(c, ss[h], n, sinks ? sinks + i + h : nullptr);
+        weigh_values_heads<H, ValueLanes>(ss, values, n, dv, inv, outs);
+    });
+}
+
+// attend_rows over keys and values wherever they are (F32Rows, F16PoolRows). `prefetch`: ask for
+// the rows ahead (a decode row's: kAheadBytes).
+template <class Rows>
+void attend_rows_in(const LpConfig& c, const float* q, const Rows& keys, const Rows& values, int64_t n,
+                    const float* sinks, float* out, vector<float>& scratch, bool prefetch = false) {
+    attend_heads(c, q, n, n, 0, values, sinks, out, scratch, [&](auto heads, int i, const float* const* qs, float* const* ss) {
+        constexpr int H = decltype(heads)::value;
         // The group's first run of heads asks for the rows; a later run finds them in cache.
 #if defined(__AVX512F__)
-        score_keys_heads16<H>(qs, keys, n, dk, c.attn_scale, ss, values, prefetch && i == 0);
+        score_keys_heads16<H>(qs, keys, n, c.head_dim_k, c.attn_scale, ss, values, prefetch && i == 0);
 #else
-        score_keys_heads<H>(qs, keys, n, dk, c.attn_scale, ss, values, prefetch && i == 0);
+        score_keys_heads<H>(qs, keys, n, c.head_dim_k, c.attn_scale, ss, values, prefetch && i == 0);
 #endif
-        for (int h = 0; h < H; h++) inv[h] = softmax_scores(c, ss[h], n, sinks ? sinks + i + h : nullptr);
-        weigh_values_heads<H, ValueLanes>(ss, values, n, dv, inv, outs);
     });
 }
 #endif
@@ -398,21 +409,13 @@ void attend_rows_in(const LpConfig& c, const float* q, const Rows& keys, const R
 // `skip` too (their lanes are their own, and unread).
 void attend_rows_transposed_in(const LpConfig& c, const float* q, const uint16_t* kt, int64_t skip, int64_t n,
                                const F16PoolRows& values, const float* sinks, float* out, vector<float>& scratch) {
-    const int dk = c.head_dim_k, dv = c.head_dim_v, group = c.n_heads / c.n_kv_heads;
     const int64_t first_block = skip / lp::KEY_BLOCK, offset = skip % lp::KEY_BLOCK;
-    const int64_t n_blocks = (offset + n + lp::KEY_BLOCK - 1) / lp::KEY_BLOCK, stride = n_blocks * lp::KEY_BLOCK;
-    float* scores = grow(scratch, (size_t)stride * group);
-    head_runs(group, [&](auto heads, int i) {
-        constexpr int H = decltype(heads)::value;
-        const float* qs[H];
-        float* ss[H];
-        float* outs[H];
-        float inv[H];
-        for (int h = 0; h < H; h++) qs[h] = q + (int64_t)(i + h) * dk, ss[h] = scores + (i + h) * stride, outs[h] = out + (int64_t)(i + h) * dv;
-        score_keys_transposed<H>(qs, kt + first_block * lp::KEY_BLOCK * dk, n_blocks, dk, c.attn_scale, ss);
-        for (int h = 0; h < H; h++) ss[h] += offset, inv[h] = softmax_scores(c, ss[h], n, sinks ? sinks + i + h : nullptr);
-        weigh_values_heads<H, ValueLanes>(ss, values, n, dv, inv, outs);
-    });
+    const int64_t n_blocks = (offset + n + lp::KEY_BLOCK - 1) / lp::KEY_BLOCK;
+    const uint16_t* blocks = kt + first_block * lp::KEY_BLOCK * c.head_dim_k;
+    attend_heads(c, q, n, n_blocks * lp::KEY_BLOCK, offset, values, sinks, out, scratch,
+                 [&](auto heads, int, const float* const* qs, float* const* ss) {
+                     score_keys_transposed<decltype(heads)::value>(qs, blocks, n_blocks, c.head_dim_k, c.attn_scale, ss);
+                 });
 }
 #endif
 
