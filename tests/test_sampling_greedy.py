@@ -73,3 +73,38 @@ def test_a_row_left_without_candidates_falls_back_as_the_chain_does():
     logits = np.random.default_rng(2).standard_normal((1, VOCAB)).astype(np.float32)
     mask = np.zeros((1, VOCAB), dtype=bool)
     assert sample_batch(logits, [row], allowed_mask=mask).token_ids == chain_tokens(logits, [row], allowed_mask=mask)
+
+
+BIASES = [
+    [(5, 30.0), (7, float("-inf"))],
+    [(5, 2.5), (5, 2.5), (9, -1e-3)],  # a repeated id adds up
+    [(VOCAB - 1, 1e30), (0, -1e30)],
+    [(3, float("-inf"))],
+]
+
+
+@pytest.mark.parametrize("writeable", [True, False])
+def test_a_biased_greedy_batch_gets_the_chains_tokens_and_leaves_the_logits_as_they_were(writeable):
+    """The shortcut adds logit_bias to the logits in place and takes the entries back after the
+    argmax (no copy of the array); a read-only array takes the copy. Either way the tokens are
+    the chain's and the logits come back bit for bit."""
+    rows = [sampler(temperature=0.0, logit_bias=bias) for bias in BIASES] + [sampler(temperature=0.0)]
+    for trial in range(30):
+        logits = np.random.default_rng(trial).standard_normal((len(rows), VOCAB)).astype(np.float32)
+        logits[0, 5] = logits[0].max()  # the biased id ties with the best before its bias
+        logits[1, 9] = logits[1].max() + 1e-3 * (trial % 3)  # a small negative bias decides
+        logits[3, 3] = logits[3].max() + 1.0  # the banned id was the best
+        logits.setflags(write=writeable)
+        before = logits.copy()
+        tokens = sample_batch(logits, rows).token_ids
+        assert logits.tobytes() == before.tobytes()
+        assert tokens == chain_tokens(logits, rows)
+        assert tokens[3] != 3
+
+
+def test_a_bias_that_bans_every_candidate_falls_back_as_the_chain_does_and_restores_the_logits():
+    row = sampler(temperature=0.0, logit_bias=[(token, float("-inf")) for token in range(VOCAB)])
+    logits = np.random.default_rng(5).standard_normal((1, VOCAB)).astype(np.float32)
+    before = logits.copy()
+    assert sample_batch(logits, [row]).token_ids == chain_tokens(logits, [row])
+    assert logits.tobytes() == before.tobytes()

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,12 +83,38 @@ def _best_tokens(logits: np.ndarray, samplers: Sequence[SequenceSampler], allowe
     row's best candidate after the mask, logit_bias and forced tokens, and the draw would pick it
     (the lowest id among equal maxima, as the greedy step keeps), so that is computed directly.
     None if a row has no candidate left (the chain's fallback decides)."""
-    work = _constrained(logits, samplers, allowed_mask, forced, writable=False)
+    if allowed_mask is None and not forced and logits.dtype == np.float32 and logits.flags.writeable:
+        with _biased_in_place(logits, samplers) as work:
+            return _argmax_tokens(work)
+    return _argmax_tokens(_constrained(logits, samplers, allowed_mask, forced, writable=False))
+
+
+def _argmax_tokens(work: np.ndarray) -> list[int] | None:
     tokens = work.argmax(axis=1)  # the first of equal maxima; a NaN wins, and is caught below
     best = work[np.arange(len(tokens)), tokens]
     if bool(np.isneginf(best).any()) or bool(np.isnan(best).any()):
         return None
     return tokens.tolist()
+
+
+@contextmanager
+def _biased_in_place(logits: np.ndarray, samplers: Sequence[SequenceSampler]) -> Iterator[np.ndarray]:
+    """The logits with the rows' logit_bias added in place (apply_logit_bias, the same float32
+    sums as on _constrained's copy), the entries it touched restored on exit. A bias touches a
+    few entries where the copy moved the whole array: 0.24 ms of a 16-row step of the 1B file
+    with the bench's ignore_eos (a bias), as much as the argmax itself."""
+    rows = [row for row, sampler in enumerate(samplers) if sampler.logit_bias]
+    entries = [(row, token) for row in rows for token, _ in samplers[row].logit_bias if 0 <= token < logits.shape[1]]
+    if not entries:
+        yield logits
+        return
+    index = tuple(np.asarray(part) for part in zip(*entries))
+    saved = logits[index]
+    apply_logit_bias(logits, rows, [samplers[row].logit_bias for row in rows])
+    try:
+        yield logits
+    finally:
+        logits[index] = saved
 
 
 def run_chain(
