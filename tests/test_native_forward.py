@@ -4,6 +4,7 @@ instruction-set build, and the fallback to PyTorch's kernels without a compiler.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import subprocess
@@ -22,6 +23,7 @@ from lamplight.models.batch import SequenceChunk, build_forward_batch
 from lamplight.models.spec import ExpertsSpec
 from lamplight.native import build, runtime
 from lamplight.native import linear as native_linear
+from lamplight.native.abi import PROFILE_PHASES
 from lamplight.native.runner import NativeRunner
 from lamplight.state import ModelState
 
@@ -421,3 +423,30 @@ def test_lora_adapters_on_the_native_forward(tmp_path):
         score(model, ids)
     scales.scales = [1.0]
     assert torch.equal(score(model, ids), adapted)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
+def test_a_prompt_steps_fused_feed_forward_gives_the_bits_of_smaller_steps(tmp_path, qtype):
+    """Steps of 64 rows or more take gate_up, the activation and down's quantization together in
+    blocks of rows and columns (lp::gated_linear: the activation phase's profile stays at zero);
+    smaller steps take them phase by phase. The same prompt's logits are the same bits either
+    way, on every build (k-quants quantize down's input per 256, Q8_0 per 32)."""
+    path = write_tiny_llama(tmp_path / f"{qtype}.gguf", qtype=Q[qtype], n_embd=256)
+    model = runner_for(path)
+    seq = _ids(70)
+    activation = PROFILE_PHASES.index("activation")
+    for variant in VARIANTS:
+        native = _native(model, variant)
+        times, results = [], []
+        for steps in ([[seq]], [[seq[i:i + 10]] for i in range(0, len(seq), 10)]):
+            cache = _cache(model)
+            table = BlockTable(cache)
+            native.lib.lp_profile(1, None)
+            starts = np.cumsum([0] + [len(step[0]) for step in steps])
+            chunks = [[(table, step[0], int(start))] for step, start in zip(steps, starts)]
+            results.append(torch.cat(_run(native, chunks, cache)))
+            phases = (ctypes.c_double * len(PROFILE_PHASES))()
+            native.lib.lp_profile(0, phases)
+            times.append(phases[activation])
+        assert times[0] == 0.0 and times[1] > 0.0, (variant, times)  # fused, then phase by phase
+        assert torch.equal(results[0], results[1]), variant

@@ -15,6 +15,8 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter
 from gguf.quants import quantize
 
+from lamplight.bench.random_model import random_matrix
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
@@ -67,6 +69,9 @@ def _spm_vocab() -> tuple[list[str], list[float], list[int], dict[str, int]]:
 
 
 def _add_linear(w: GGUFWriter, rng: np.random.Generator, name: str, out_f: int, in_f: int, qtype: Q, scale: float) -> None:
+    if qtype in (Q.Q4_K, Q.Q6_K):  # k-quants gguf cannot quantize: random blocks of that spread
+        w.add_tensor(name, random_matrix(rng, qtype, out_f, in_f, scale), raw_dtype=qtype)
+        return
     data = (rng.standard_normal((out_f, in_f)) * scale).astype(np.float32)
     if qtype == Q.F32:
         w.add_tensor(name, data)

@@ -82,6 +82,8 @@ struct Model {
     // Scratch, grown as needed (one forward at a time: the engine thread).
     vector<float> h, x, qkv, attn, gate, out, gate_up, act, logits_in;
     vector<uint8_t> acts;
+    vector<uint8_t> ffn_acts;             // the fused FFN's down input (lp::gated_linear)
+    vector<vector<float>> ffn_scratch;    // and its blocks, one buffer a thread
     vector<vector<float>> thread_scratch;
     vector<float> shared_kv;     // converted keys of multi-row chunks (attention)
     vector<uint16_t> shared_kt;  // or their keys transposed (lp::scores_transposed)
@@ -490,8 +492,6 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpL
     int T = b.n_rows, E = c.n_embd, F = c.n_ff;
     float *h = m.h.data(), *x = m.x.data();
     float* out = grow(m.out, (size_t)T * E);
-    float* gu = grow(m.gate_up, (size_t)T * 2 * F);
-    float* act = grow(m.act, (size_t)T * F);
 
     PhaseTimer timer;
     // Each phase quantizes its rows for the linear that reads them next (only the parts of a
@@ -524,17 +524,29 @@ void layer_forward(Model& m, int li, const LpBatch& b, const LpKV& kv, const LpL
         timer.lap(P_DOWN);
         return;
     }
+    const int down_parts = acts_parts(layer.down);
+    const auto activate = [&](const float* gate, const float* up, int n, float* a) {
+        if (c.activation == LP_ACT_GELU_TANH)
+            for (int i = 0; i < n; i++) a[i] = gelu_tanh(gate[i]) * up[i];
+        else
+            for (int i = 0; i < n; i++) a[i] = silu(gate[i]) * up[i];
+    };
+    if (lp::gated_fuses(layer.gate_up, layer.down, F, T)) {
+        lp::gated_linear(layer.gate_up, F, T, m.acts.data(), down_parts, acts_for(m.ffn_acts, T, F), m.ffn_scratch,
+                         activate);
+        timer.lap(P_GATE_UP);
+        linear(layer.down, nullptr, T, out, m.ffn_acts, true, b.lora_scales);
+        timer.lap(P_DOWN);
+        return;
+    }
+    float* gu = grow(m.gate_up, (size_t)T * 2 * F);
+    float* act = grow(m.act, (size_t)T * F);
     linear(layer.gate_up, x, T, gu, m.acts, true, b.lora_scales);
     timer.lap(P_GATE_UP);
-    const int down_parts = acts_parts(layer.down);
     acts = acts_for(m.acts, T, F);
     for_rows(T, [&](int r, int) {
         const float* g = gu + (int64_t)r * 2 * F;
-        float* a = act + (int64_t)r * F;
-        if (c.activation == LP_ACT_GELU_TANH)
-            for (int i = 0; i < F; i++) a[i] = gelu_tanh(g[i]) * g[F + i];
-        else
-            for (int i = 0; i < F; i++) a[i] = silu(g[i]) * g[F + i];
+        activate(g, g + F, F, act + (int64_t)r * F);
         quantize_row(act, F, r, acts, down_parts);
     });
     timer.lap(P_ACTIVATION);

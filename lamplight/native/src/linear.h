@@ -3,6 +3,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "forward.h"
@@ -40,6 +41,23 @@ void quantize_row(const float* x, int k, int r, uint8_t* acts, int parts);
 // `lora_scales`: the step's scale of each adapter (null: no LoRA deltas).
 void linear(const LpLinear& lin, const float* x, int n_rows, float* y, std::vector<uint8_t>& acts,
             bool quantized = false, const float* lora_scales = nullptr);
+
+// A gated feed-forward's activation over n columns: a[i] = act(gate[i]) * up[i].
+using GatedActivation = std::function<void(const float* gate, const float* up, int n, float* a)>;
+
+// Whether gated_linear takes a step of n_rows through gate_up (gate columns [0, n_ff), up
+// [n_ff, 2 n_ff)) feeding `down`: prompt-sized steps, packed weights without bias or LoRA, whole
+// super-blocks of columns, and a down that reads only quantized activations.
+bool gated_fuses(const LpLinear& gate_up, const LpLinear& down, int n_ff, int n_rows);
+// down's quantized input (the `parts` acts_parts(down) names) straight from gate_up's quantized
+// input acts_in: act = activate(gate, up), block by block of rows and columns, so neither the
+// gate_up output [n_rows, 2 n_ff] (32 MiB for a 512-token prompt of a 1B model) nor the
+// activation's float rows go through memory. The same bits as linear, the activation row by
+// row, then quantize_row: every step is per element or per super-block. `scratch`: one buffer a
+// thread. 512-token prompts of the random Q4_K_M files on Zen 5, alternated in one process:
+// 1B 2-2.5% faster (gate_up and the activation 409 -> 393 ms), 3B 2%.
+void gated_linear(const LpLinear& gate_up, int n_ff, int n_rows, const uint8_t* acts_in, int parts,
+                  uint8_t* acts_out, std::vector<std::vector<float>>& scratch, const GatedActivation& activate);
 
 // A linear reading `k` inputs and writing `n_out` outputs: its parts and LoRA adapters add up
 // and stay within the forward's limits. Raises n_adapters to its adapters' largest index + 1.

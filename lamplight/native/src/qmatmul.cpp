@@ -231,8 +231,9 @@ float quantize_span(const float* x, int n_blocks, int8_t* q, uint8_t* qu, int32_
     return tiny ? 0.0f : amax / 127.0f;
 }
 
-// Per block of 32: q, qu, d, s, s16, sum, sum16.
-void quantize_blocks(const float* x, int k, uint8_t* out) {
+// Per block of 32 in [b_begin, b_end): q, qu, d, s, s16, sum, sum16. x holds the row's values
+// from block b_begin on.
+void quantize_blocks(const float* x, int k, uint8_t* out, int b_begin, int b_end) {
     const int nb = k / kActBlock;
     int8_t* q = reinterpret_cast<int8_t*>(out);
     uint8_t* qu = out + k;
@@ -241,9 +242,9 @@ void quantize_blocks(const float* x, int k, uint8_t* out) {
     float* s16 = d + 2 * nb;
     int32_t* sum = reinterpret_cast<int32_t*>(d + 4 * nb);
     int32_t* sum16 = sum + nb;
-    for (int b = 0; b < nb; ++b) {
+    for (int b = b_begin; b < b_end; ++b) {
         int32_t half[1][2];
-        d[b] = quantize_span(x + b * kActBlock, 1, q + b * kActBlock, qu + b * kActBlock, half);
+        d[b] = quantize_span(x + (b - b_begin) * kActBlock, 1, q + b * kActBlock, qu + b * kActBlock, half);
         sum[b] = half[0][0] + half[0][1];
         sum16[2 * b] = half[0][0];
         sum16[2 * b + 1] = half[0][1];
@@ -253,8 +254,9 @@ void quantize_blocks(const float* x, int k, uint8_t* out) {
     }
 }
 
-// Per super-block of 256 (whole ones only: the k-quants' k is a multiple of 256).
-void quantize_super(const float* x, int k, uint8_t* out) {
+// Per super-block of 256 in [sb_begin, sb_end) (whole ones only: the k-quants' k is a multiple
+// of 256). x holds the row's values from super-block sb_begin on.
+void quantize_super(const float* x, int k, uint8_t* out, int sb_begin, int sb_end) {
     uint8_t* super = out + block32_bytes(k);
     int8_t* kq = reinterpret_cast<int8_t*>(super);
     uint8_t* kqu = super + k;
@@ -262,13 +264,11 @@ void quantize_super(const float* x, int k, uint8_t* out) {
     int32_t* ksum16 = reinterpret_cast<int32_t*>(kd + k / kSuper);
     int16_t* kp16 = reinterpret_cast<int16_t*>(ksum16 + k / 16);
     int16_t* kp32 = kp16 + k / 16;
-    // Whole super-blocks write every byte below; a k past the last one leaves a tail to clear.
-    if (k % kSuper != 0) std::memset(super, 0, acts_used_bytes(k) - block32_bytes(k));
     constexpr int per = kSuper / kActBlock;
-    for (int sb = 0; sb < k / kSuper; ++sb) {
+    for (int sb = sb_begin; sb < sb_end; ++sb) {
         int32_t halves[per][2];
         const int b0 = sb * per;
-        kd[sb] = quantize_span(x + sb * kSuper, per, kq + sb * kSuper, kqu + sb * kSuper, halves);
+        kd[sb] = quantize_span(x + (sb - sb_begin) * kSuper, per, kq + sb * kSuper, kqu + sb * kSuper, halves);
         for (int j = 0; j < per; ++j) {
             const int b = b0 + j;
             ksum16[2 * b] = halves[j][0], ksum16[2 * b + 1] = halves[j][1];
@@ -278,13 +278,22 @@ void quantize_super(const float* x, int k, uint8_t* out) {
     }
 }
 
+// Columns [c0, c1) of a row (x: their values): the parts `parts` asks for, and with the row's
+// last columns its padding. c0 and c1 are multiples of 256, so the range's blocks and super-
+// blocks are whole, or c0 = 0 and c1 = k (a k that is not a multiple of 256 has a tail to clear).
+void quantize_range(const float* x, int k, int c0, int c1, uint8_t* out, int parts) {
+    if (parts & lp::ACTS_BLOCKS) quantize_blocks(x, k, out, c0 / kActBlock, c1 / kActBlock);
+    if (parts & lp::ACTS_SUPER) {
+        // Whole super-blocks write every byte below; a k past the last one leaves a tail to clear.
+        if (c1 == k && k % kSuper != 0) std::memset(out + block32_bytes(k), 0, acts_used_bytes(k) - block32_bytes(k));
+        quantize_super(x, k, out, c0 / kSuper, c1 / kSuper);
+    }
+    if (c1 == k) std::memset(out + acts_used_bytes(k), 0, acts_bytes(k) - acts_used_bytes(k));  // deterministic padding
+}
+
 // The parts of the row `parts` asks for (lp::ACTS_BLOCKS, lp::ACTS_SUPER); the others' bytes are
 // left as they were (a weight never reads the part it does not take: lp::acts_parts).
-void quantize_row(const float* x, int k, uint8_t* out, int parts) {
-    if (parts & lp::ACTS_BLOCKS) quantize_blocks(x, k, out);
-    if (parts & lp::ACTS_SUPER) quantize_super(x, k, out);
-    std::memset(out + acts_used_bytes(k), 0, acts_bytes(k) - acts_used_bytes(k));  // deterministic padding
-}
+void quantize_row(const float* x, int k, uint8_t* out, int parts) { quantize_range(x, k, 0, k, out, parts); }
 
 // -- weight formats ----------------------------------------------------------------------------
 template <int FMT> struct Fmt;
@@ -935,15 +944,16 @@ GroupKernel group_kernel(int format, int32_t flags) {
 // Rows [r_begin, r_end) of one group of columns, in row tiles; rows[i] is row r_begin + i.
 void run_group(const GroupKernel& kern, const uint8_t* grp, int nblk, const ActsRow* rows, int32_t r_begin,
                int32_t r_end, float* y, int64_t ldy, int32_t c0, int cols) {
+    // y points at column c0 of row 0.
     const void* prep = r_end - r_begin > kRowTile ? kern.prepare(grp, nblk) : nullptr;
     for (int32_t r0 = r_begin; r0 < r_end; r0 += kRowTile) {
         const int n = std::min(kRowTile, r_end - r0);
         float partial[kRowTile][kGroup];  // a last group narrower than 16 columns
         float* dst[kRowTile];
-        for (int r = 0; r < n; ++r) dst[r] = cols == kGroup ? y + (r0 + r) * ldy + c0 : partial[r];
+        for (int r = 0; r < n; ++r) dst[r] = cols == kGroup ? y + (r0 + r) * ldy : partial[r];
         kern.fn(grp, nblk, rows + (r0 - r_begin), n, dst, prep);
         if (cols < kGroup)
-            for (int r = 0; r < n; ++r) std::memcpy(y + (r0 + r) * ldy + c0, partial[r], cols * sizeof(float));
+            for (int r = 0; r < n; ++r) std::memcpy(y + (r0 + r) * ldy, partial[r], cols * sizeof(float));
     }
 }
 
@@ -978,6 +988,10 @@ const char* qmatmul_refusal(const lp_qweight* w, int32_t n_rows, int32_t col_beg
 
 namespace lp {
 
+void quantize_columns(const float* x, int32_t k, int32_t c0, int32_t c1, uint8_t* out, int parts) {
+    quantize_range(x, k, c0, c1, out, parts);
+}
+
 void quantize_rows(const float* x, int64_t ldx, int32_t k, int32_t n_rows, uint8_t* acts, int parts) {
     const size_t row_bytes = acts_bytes(k);
     for (int32_t r = 0; r < n_rows; ++r) quantize_row(x + r * ldx, k, acts + r * row_bytes, parts);
@@ -988,7 +1002,7 @@ int acts_parts(const lp_qweight* w) {
 }
 
 void qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y, int64_t ldy, int32_t col_begin,
-             int32_t col_end) {
+             int32_t col_end, int32_t y_col0) {
     const int32_t flags = load_i32(w->data + LP_HEADER_FLAGS_OFFSET);
     const GroupKernel kern = group_kernel(w->format, flags);
     if (kern.fn == nullptr) return;
@@ -1010,8 +1024,8 @@ void qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y,
         const int32_t rb_end = std::min(n_rows, rb + row_block);
         const ActsRow* rows = rows_of(acts, row_bytes, w->k, flags & LP_FLAG_SUPER, rb, rb_end);
         for (int32_t c0 = col_begin; c0 < col_end; c0 += kGroup)
-            run_group(kern, w->data + LP_HEADER_BYTES + size_t(c0 / kGroup) * stride, nblk, rows, rb, rb_end, y, ldy,
-                      c0, std::min(kGroup, col_end - c0));
+            run_group(kern, w->data + LP_HEADER_BYTES + size_t(c0 / kGroup) * stride, nblk, rows, rb, rb_end,
+                      y + (c0 - y_col0), ldy, c0, std::min(kGroup, col_end - c0));
     }
 }
 

@@ -84,9 +84,14 @@ void quantize_rows(const float* x, int64_t ldx, int32_t k, int32_t n_rows, uint8
 /* The part of an activation row the weight's tiles read. */
 int acts_parts(const lp_qweight* w);
 /* lp_qmatmul without its argument checks and exception guard, for the forward pass (its callers
-pass valid weights; an exception reaches the forward's own guard). */
+pass valid weights; an exception reaches the forward's own guard). y[r * ldy + c - y_col0] is
+column c of row r (y_col0 = col_begin: a block of the output's columns of its own). */
 void qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y, int64_t ldy, int32_t col_begin,
-             int32_t col_end);
+             int32_t col_end, int32_t y_col0 = 0);
+/* Columns [c0, c1) of an activation row of width k (x: their values) quantized into out (a row
+of lp_qacts_row_bytes(k)): the parts `parts` asks for, and with the row's last columns its
+padding. c0 and c1 are multiples of 256 (or 0 and k). */
+void quantize_columns(const float* x, int32_t k, int32_t c0, int32_t c1, uint8_t* out, int parts);
 }  // namespace lp
 #endif
 
