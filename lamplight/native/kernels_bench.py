@@ -9,7 +9,7 @@ interleaved repetitions (each repetition runs every method once) and the median 
         [--lib NAME=PATH ...]
 
 --lib adds another build of the kernels (a shared library, e.g. an older source's, built with
-`c++ <build.COMMON_FLAGS and a variant's flags> qmatmul.cpp -o PATH`) as a column, for
+`c++ <build.COMMON_FLAGS and a variant's flags> qmatmul.cpp qacts.cpp -o PATH`) as a column, for
 side-by-side timings in the same interleaved run.
 """
 

@@ -33,6 +33,7 @@ The header's int32 at LP_HEADER_FLAGS_OFFSET holds the flags (LP_FLAG_MIN, LP_FL
 #include <stdint.h>
 
 #include "boundary.h"
+#include "qacts.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -50,10 +51,6 @@ typedef struct lp_qweight {
     const uint8_t* data; /* packed by lamplight/native/pack.py, 64-byte aligned */
 } lp_qweight;
 
-/* Bytes of one quantized activation row of width k (a multiple of 64). */
-size_t lp_qacts_row_bytes(int32_t k);
-/* Quantize n_rows rows of x (row stride ldx floats) into acts (rows at stride lp_qacts_row_bytes(k)). */
-void lp_quantize_rows(const float* x, int64_t ldx, int32_t k, int32_t n_rows, uint8_t* acts);
 /* y[r*ldy + c] = sum_i x[r,i] w[c,i] for r < n_rows and col_begin <= c < col_end (other columns
 untouched). Returns LP_OK, or LP_ERR_ARGUMENT for an unknown format, a k that is not a multiple of
 32 or a column range outside [0, n) or off the column groups (nothing written then); the caller
@@ -76,11 +73,6 @@ const char* lp_isa(void);
 }
 
 namespace lp {
-/* The parts of a quantized activation row: per block of 32 (the block formats' tiles read them)
-and per super-block of 256 (the k-quants' with LP_FLAG_SUPER). lp_quantize_rows writes both. */
-enum { ACTS_BLOCKS = 1, ACTS_SUPER = 2, ACTS_ALL = 3 };
-/* lp_quantize_rows writing only `parts` of each row (the others' bytes left as they were). */
-void quantize_rows(const float* x, int64_t ldx, int32_t k, int32_t n_rows, uint8_t* acts, int parts);
 /* The part of an activation row the weight's tiles read. */
 int acts_parts(const lp_qweight* w);
 /* lp_qmatmul without its argument checks and exception guard, for the forward pass (its callers
@@ -88,10 +80,6 @@ pass valid weights; an exception reaches the forward's own guard). y[r * ldy + c
 column c of row r (y_col0 = col_begin: a block of the output's columns of its own). */
 void qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y, int64_t ldy, int32_t col_begin,
              int32_t col_end, int32_t y_col0 = 0);
-/* Columns [c0, c1) of an activation row of width k (x: their values) quantized into out (a row
-of lp_qacts_row_bytes(k)): the parts `parts` asks for, and with the row's last columns its
-padding. c0 and c1 are multiples of 256 (or 0 and k). */
-void quantize_columns(const float* x, int32_t k, int32_t c0, int32_t c1, uint8_t* out, int parts);
 }  // namespace lp
 #endif
 
