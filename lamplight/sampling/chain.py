@@ -110,8 +110,8 @@ def _biased_in_place(logits: np.ndarray, samplers: Sequence[SequenceSampler]) ->
         return
     index = tuple(np.asarray(part) for part in zip(*entries))
     saved = logits[index]
-    apply_logit_bias(logits, rows, [samplers[row].logit_bias for row in rows])
     try:
+        apply_logit_bias(logits, rows, [samplers[row].logit_bias for row in rows])
         yield logits
     finally:
         logits[index] = saved
