@@ -425,13 +425,17 @@ def test_lora_adapters_on_the_native_forward(tmp_path):
     assert torch.equal(score(model, ids), adapted)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
-def test_a_prompt_steps_fused_feed_forward_gives_the_bits_of_smaller_steps(tmp_path, qtype):
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0", "gemma2", "phi3"])
+def test_a_prompt_steps_fused_feed_forward_gives_the_bits_of_smaller_steps(tmp_path, kind):
     """Steps of 64 rows or more take gate_up, the activation and down's quantization together in
     blocks of rows and columns (lp::gated_linear: the activation phase's profile stays at zero);
     smaller steps take them phase by phase. The same prompt's logits are the same bits either
-    way, on every build (k-quants quantize down's input per 256, Q8_0 per 32)."""
-    path = write_tiny_llama(tmp_path / f"{qtype}.gguf", qtype=Q[qtype], n_embd=256)
+    way, on every build: k-quants quantize down's input per 256, Q8_0 per 32; gemma2's GELU;
+    phi3's gate and up in one tensor."""
+    if kind in ("gemma2", "phi3"):
+        path = write_tiny_arch(tmp_path / f"{kind}.gguf", kind, shape={"n_ff": 256})
+    else:
+        path = write_tiny_llama(tmp_path / f"{kind}.gguf", qtype=Q[kind], n_embd=256)
     model = runner_for(path)
     seq = _ids(70)
     activation = PROFILE_PHASES.index("activation")
