@@ -36,8 +36,7 @@ void f16_block(const uint8_t* in, float* out) { *out = f16_at(in); }
 void bf16_block(const uint8_t* in, float* out) {
     uint16_t h;
     std::memcpy(&h, in, 2);
-    const uint32_t bits = uint32_t(h) << 16;
-    std::memcpy(out, &bits, 4);
+    *out = lp::bf16_to_float(h);
 }
 
 // Q4_0: d, then 16 bytes: value j in the low nibble of byte j, value j + 16 in the high one; q - 8.

@@ -1,5 +1,6 @@
 // fp16 <-> float32 for the builds without F16C and the scalar paths: the KV rows (kv_rows.cpp),
-// the k-quants' fp16 scales (qmatmul.cpp) and the fp16-indexed tables (table.cpp).
+// the k-quants' fp16 scales (qmatmul.cpp), the fp16-indexed tables (table.cpp) and the GGUF
+// row lookups (dequant.cpp); and bf16 -> float32, an exact widening.
 #pragma once
 #include <stdint.h>
 
@@ -44,6 +45,14 @@ inline uint16_t float_to_half(float f) {
     uint32_t mant_odd = (abs >> 13) & 1;
     abs += 0xc8000fff + mant_odd;  // rebias exponent (-112 << 23) and round to nearest even
     return (uint16_t)(sign | (abs >> 13));
+}
+
+// bf16 is float32's top half: widening it is exact.
+inline float bf16_to_float(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
 }
 
 }  // namespace lp

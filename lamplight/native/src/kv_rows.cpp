@@ -15,13 +15,6 @@
 namespace lp {
 namespace {
 
-float bf16_to_float(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
-
 uint16_t float_to_bf16(float f) {
     uint32_t x;
     std::memcpy(&x, &f, 4);

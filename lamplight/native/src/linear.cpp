@@ -225,11 +225,7 @@ void dense_half_tiles(const LpLinearPart& part, const float* x, int n_rows, floa
 #endif
 #else
 inline float widen1(int format, uint16_t h) {
-    if (format == LP_DENSE_F16) return lp::half_to_float(h);
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
+    return format == LP_DENSE_F16 ? lp::half_to_float(h) : lp::bf16_to_float(h);
 }
 
 // Column c of a dense fp16 or bf16 weight as float32 (exact conversions) into `out`: the builds
