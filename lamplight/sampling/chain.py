@@ -14,7 +14,7 @@ from . import mirostat, temperature, truncation
 from .arrays import as_logits, as_mask
 from .draw import draw_from_lists, draw_from_row
 from .dry import apply_dry
-from .logit_bias import apply_logit_bias
+from .logit_bias import add_entries, apply_logit_bias, bias_entries
 from .penalties import apply_penalties
 from .probs import TokenProbs, final_token_probs, raw_token_probs
 from .sequence import SequenceSampler
@@ -83,10 +83,13 @@ def _best_tokens(logits: np.ndarray, samplers: Sequence[SequenceSampler], allowe
     row's best candidate after the mask, logit_bias and forced tokens, and the draw would pick it
     (the lowest id among equal maxima, as the greedy step keeps), so that is computed directly.
     None if a row has no candidate left (the chain's fallback decides)."""
-    if allowed_mask is None and not forced and logits.dtype == np.float32 and logits.flags.writeable:
-        with _biased_in_place(logits, samplers) as work:
-            return _argmax_tokens(work)
-    return _argmax_tokens(_constrained(logits, samplers, allowed_mask, forced, writable=False))
+    if allowed_mask is None and not forced and logits.dtype == np.float32:
+        if not any(sampler.logit_bias for sampler in samplers):
+            return _argmax_tokens(logits)  # nothing to apply: no copy (a 16-row step's was 3 MiB)
+        if logits.flags.writeable:
+            with _biased_in_place(logits, samplers) as work:
+                return _argmax_tokens(work)
+    return _argmax_tokens(_constrained(logits, samplers, allowed_mask, forced))
 
 
 def _argmax_tokens(work: np.ndarray) -> list[int] | None:
@@ -99,19 +102,15 @@ def _argmax_tokens(work: np.ndarray) -> list[int] | None:
 
 @contextmanager
 def _biased_in_place(logits: np.ndarray, samplers: Sequence[SequenceSampler]) -> Iterator[np.ndarray]:
-    """The logits with the rows' logit_bias added in place (apply_logit_bias, the same float32
-    sums as on _constrained's copy), the entries it touched restored on exit. A bias touches a
+    """The logits with the rows' logit_bias added in place (apply_logit_bias's entries and float32
+    sums, as on _constrained's copy), the entries it touched restored on exit. A bias touches a
     few entries where the copy moved the whole array: 0.24 ms of a 16-row step of the 1B file
     with the bench's ignore_eos (a bias), as much as the argmax itself."""
     rows = [row for row, sampler in enumerate(samplers) if sampler.logit_bias]
-    entries = [(row, token) for row in rows for token, _ in samplers[row].logit_bias if 0 <= token < logits.shape[1]]
-    if not entries:
-        yield logits
-        return
-    index = tuple(np.asarray(part) for part in zip(*entries))
+    index, values = bias_entries(logits.shape[1], rows, [samplers[row].logit_bias for row in rows])
     saved = logits[index]
     try:
-        apply_logit_bias(logits, rows, [samplers[row].logit_bias for row in rows])
+        add_entries(logits, index, values)
         yield logits
     finally:
         logits[index] = saved
@@ -164,15 +163,9 @@ def _run_chain(
 
 
 def _constrained(logits: np.ndarray, samplers: Sequence[SequenceSampler], allowed_mask: np.ndarray | None,
-                 forced: dict[int, int] | None, on_step: StepObserver | None = None,
-                 writable: bool = True) -> np.ndarray:
+                 forced: dict[int, int] | None, on_step: StepObserver | None = None) -> np.ndarray:
     """What every row's samplers start from: a float32 copy of the logits (C order: every row
-    contiguous) with the grammar mask, logit_bias and forced tokens applied. A reader that
-    writes nothing (`writable` False) gets the logits themselves when none of those applies:
-    a 16-row step's copy was 3 MiB."""
-    untouched = allowed_mask is None and not forced and not any(sampler.logit_bias for sampler in samplers)
-    if untouched and not writable and logits.dtype == np.float32:
-        return logits
+    contiguous) with the grammar mask, logit_bias and forced tokens applied."""
     work = np.array(logits, dtype=np.float32, order="C")
     if allowed_mask is not None:
         truncation.keep_only(work, allowed_mask)

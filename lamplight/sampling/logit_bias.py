@@ -82,7 +82,19 @@ def _token_ids(token: int | str, tokenizer: TextEncoder | None, where: str) -> l
 
 def apply_logit_bias(logits: np.ndarray, rows: Sequence[int], biases: Sequence[Sequence[tuple[int, float]]]) -> None:
     """Add each row's biases in place; repeated ids add up, ids outside the vocabulary are ignored."""
-    n_vocab = logits.shape[1]
+    add_entries(logits, *bias_entries(logits.shape[1], rows, biases))
+
+
+def add_entries(logits: np.ndarray, index: tuple[np.ndarray, np.ndarray], values: list[float]) -> None:
+    """logits[index] += values in place, in order, in the logits' precision (repeated entries add up)."""
+    if values:
+        np.add.at(logits, index, np.asarray(values, dtype=logits.dtype))
+
+
+def bias_entries(n_vocab: int, rows: Sequence[int], biases: Sequence[Sequence[tuple[int, float]]]
+                 ) -> tuple[tuple[np.ndarray, np.ndarray], list[float]]:
+    """The (row, token) entries apply_logit_bias adds to, as an index of the logits, with the
+    values in order: ids outside the vocabulary left out, repeated ids each an entry."""
     row_index: list[int] = []
     token_index: list[int] = []
     values: list[float] = []
@@ -92,6 +104,4 @@ def apply_logit_bias(logits: np.ndarray, rows: Sequence[int], biases: Sequence[S
                 row_index.append(row)
                 token_index.append(token)
                 values.append(bias)
-    if not values:
-        return
-    np.add.at(logits, (np.asarray(row_index), np.asarray(token_index)), np.asarray(values, dtype=logits.dtype))
+    return (np.asarray(row_index, dtype=np.intp), np.asarray(token_index, dtype=np.intp)), values
