@@ -293,8 +293,7 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
             lp::attend_rows(c, q, keys + skip * dk, values + skip * dv, kr.n, sinks, out, scratch);
             return;
         }
-        if (in_place && lp::attend_rows_in_place(c, q, (const uint16_t*)kv.k[li] + (int64_t)g * kv.pool_tokens * dk,
-                                                 (const uint16_t*)kv.v[li] + (int64_t)g * kv.pool_tokens * dv, slots,
+        if (in_place && lp::attend_rows_in_place(c, q, head_rows(kv.k[li], g, dk), head_rows(kv.v[li], g, dv), slots,
                                                  kr.n, sinks, out, scratch, alone_in_chunk(b, r)))
             return;
         float* keys = grow(m.thread_scratch[2 * thread + 1], (size_t)kr.n * (dk + dv));
