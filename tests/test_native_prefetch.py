@@ -1,5 +1,5 @@
-"""A decode row's weight prefetch (lamplight/native/prefetch.py): timed once per process, the
-faster kept, and never a change in any result."""
+"""A decode row's weight prefetch (lamplight/native/prefetch.py): its distance timed once per
+process, the fastest kept, and never a change in any result."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from lamplight.state import ModelState
 VARIANTS = build.runnable_variants()
 
 
-def _decode_logits(runner: NativeRunner, on: bool) -> list[torch.Tensor]:
+def _decode_logits(runner: NativeRunner, distance: int) -> list[torch.Tensor]:
     """A 9-token prompt (multi-row tiles, which always prefetch), then 4 decode rows (one-row
-    tiles) with the one-row prefetch `on`: every step's logits."""
-    runner.lib.lp_set_one_row_prefetch(int(on))
+    tiles) with the one-row prefetch `distance` bytes ahead (0: none): every step's logits."""
+    runner.lib.lp_set_one_row_prefetch(distance)
     cache = KVCache(runner.new_state(64, torch.float16).kv, 8)
     table = BlockTable(cache)
     ids = [(7 * i + 3) % 200 + 5 for i in range(13)]
@@ -47,33 +47,46 @@ def quantized(request, tmp_path, smollm2_path):
 
 
 def test_the_one_row_prefetch_changes_no_bits(quantized):
-    """Block formats and k-quants, every build: decode rows give the same logits with the
-    prefetch as without it, and the setter returns the previous setting."""
+    """Block formats and k-quants, every build: decode rows give the same logits at every
+    distance as without the prefetch, and the setter returns the previous distance."""
     model = runner_for(quantized)
     for variant in VARIANTS:
         runner = NativeRunner(model.spec, runtime.load_variant(variant))
-        without = _decode_logits(runner, False)
-        with_it = _decode_logits(runner, True)
-        assert runner.lib.lp_set_one_row_prefetch(0) == 1
+        without = _decode_logits(runner, 0)
+        for distance in prefetch.DISTANCES[1:]:
+            with_it = _decode_logits(runner, distance)
+            assert runner.lib.lp_set_one_row_prefetch(0) == distance
+            for a, b in zip(without, with_it):
+                assert torch.equal(a, b), (variant, distance)
         assert runner.lib.lp_set_one_row_prefetch(0) == 0
-        for a, b in zip(without, with_it):
-            assert torch.equal(a, b), variant
 
 
-def test_the_faster_setting_is_kept_once_a_process(tmp_path, monkeypatch):
-    """choose_one_row_prefetch keeps whichever setting's median step was faster, sets it on the
+def test_the_distance_is_clamped_to_whole_lines():
+    """lp_set_one_row_prefetch keeps a distance in [0, LP_MAX_ONE_ROW_PREFETCH], in whole lines."""
+    lib = runtime.load_variant(VARIANTS[0])
+    lib.lp_set_one_row_prefetch(0)
+    for asked, kept in ((2048, 2048), (2100, 2048), (63, 0), (-5, 0), (1 << 30, 65536), (0, 0)):
+        lib.lp_set_one_row_prefetch(asked)
+        assert lib.lp_set_one_row_prefetch(0) == kept, asked
+
+
+def test_the_fastest_distance_is_kept_once_a_process(tmp_path, monkeypatch):
+    """choose_one_row_prefetch keeps the distance whose median step was fastest, sets it on the
     library, and reuses the choice for the next model on that library without timing again."""
     model = runner_for(write_tiny_llama(tmp_path / "m.gguf"))
     runner = NativeRunner(model.spec, runtime.load_variant(VARIANTS[0]))
-    for faster, times in ((True, {True: [1.0, 9.0, 1.0], False: [2.0, 2.0, 2.0]}),
-                          (False, {True: [3.0, 3.0, 1.0], False: [2.0, 9.0, 2.0]})):
+    none, near, far = prefetch.DISTANCES
+    for fastest, times in ((far, {none: [2.0] * 3, near: [3.0, 3.0, 1.0], far: [1.0, 9.0, 1.0]}),
+                           (near, {none: [2.0] * 3, near: [1.5, 9.0, 1.5], far: [9.0, 1.0, 9.0]}),
+                           (none, {none: [2.0, 9.0, 2.0], near: [3.0, 3.0, 1.0], far: [2.5] * 3}),
+                           (none, {none: [2.0] * 3, near: [2.0] * 3, far: [2.0] * 3})):  # a tie: no prefetch
         monkeypatch.setattr(prefetch, "_chosen", {})
         monkeypatch.setattr(prefetch, "_step_times", lambda r, t=times: t)
-        assert prefetch.choose_one_row_prefetch(runner) is faster
-        assert runner.lib.lp_set_one_row_prefetch(int(faster)) == int(faster)
+        assert prefetch.choose_one_row_prefetch(runner) == fastest
+        assert runner.lib.lp_set_one_row_prefetch(fastest) == fastest
     monkeypatch.setattr(prefetch, "_step_times", lambda r: pytest.fail("timed again"))
-    runner.lib.lp_set_one_row_prefetch(1)
-    assert prefetch.choose_one_row_prefetch(runner) is False  # the kept choice, set again
+    runner.lib.lp_set_one_row_prefetch(far)
+    assert prefetch.choose_one_row_prefetch(runner) == none  # the kept choice, set again
     assert runner.lib.lp_set_one_row_prefetch(0) == 0
 
 
@@ -86,7 +99,7 @@ def test_a_step_that_fails_leaves_the_prefetch_off_and_untimed(tmp_path, monkeyp
         raise ValueError("no step")
 
     monkeypatch.setattr(prefetch, "_step_times", fails)
-    runner.lib.lp_set_one_row_prefetch(1)
+    runner.lib.lp_set_one_row_prefetch(2048)
     assert prefetch.choose_one_row_prefetch(runner) is None
     assert runner.lib.lp_set_one_row_prefetch(0) == 0
     assert prefetch._chosen == {}
@@ -98,9 +111,11 @@ def test_the_real_timing_runs_a_model(tmp_path, monkeypatch):
     runner = NativeRunner(model.spec, runtime.load_variant(VARIANTS[0]))
     monkeypatch.setattr(prefetch, "_chosen", {})
     times = prefetch._step_times(runner)
-    assert len(times[True]) == len(times[False]) == prefetch.ROUNDS and all(t > 0 for t in times[True] + times[False])
+    assert sorted(times) == sorted(prefetch.DISTANCES)
+    assert all(len(ts) == prefetch.ROUNDS and all(t > 0 for t in ts) for ts in times.values())
     chosen = prefetch.choose_one_row_prefetch(runner)
-    assert chosen in (True, False) and prefetch._chosen == {runner.lib._handle: chosen}
+    assert chosen in prefetch.DISTANCES and prefetch._chosen == {runner.lib._handle: chosen}
+    assert runner.lib.lp_set_one_row_prefetch(0) == chosen
     runner.lib.lp_set_one_row_prefetch(0)
 
 
@@ -110,10 +125,13 @@ def test_loading_a_model_chooses_and_the_kernels_line_says_so(tmp_path, monkeypa
     from lamplight.loader import load
 
     path = write_tiny_llama(tmp_path / "m.gguf")
-    for faster in (True, False):
+    for fastest, said in ((2048, "decode rows prefetch 2 KiB ahead"), (6144, "decode rows prefetch 6 KiB ahead"),
+                          (0, None)):
         monkeypatch.setattr(prefetch, "_chosen", {})
-        monkeypatch.setattr(prefetch, "_step_times", lambda r, f=faster: {f: [1.0] * 4, not f: [2.0] * 4})
+        monkeypatch.setattr(prefetch, "_step_times",
+                            lambda r, f=fastest: {d: [1.0 if d == f else 2.0] * 4 for d in prefetch.DISTANCES})
         runner = load(str(path), backend="native").runner
-        assert runner.one_row_prefetch is faster
-        assert ("decode rows prefetch" in runner.describe()) is faster
+        assert runner.one_row_prefetch == fastest
+        assert ("decode rows prefetch" in runner.describe()) is (said is not None)
+        assert said is None or said in runner.describe()
     runner.lib.lp_set_one_row_prefetch(0)

@@ -13,6 +13,7 @@ from no_torch import native_library, printed, run_without_torch  # noqa: F401 (n
 from tiny_gguf import write_tiny_llama, write_tiny_lora
 
 from lamplight.native import build, runtime
+from lamplight.native.prefetch import DISTANCES
 from lamplight.native.threads import default_threads
 
 
@@ -41,7 +42,7 @@ print("TOKENS", len(m.tokenizer.encode("hello")))
     assert out.returncode == 0, out.stderr
     lines = printed(out)
     assert lines["BACKEND"] == "native"
-    assert lines["PREFETCH"] in ("True", "False")  # the one-row prefetch was timed and chosen
+    assert lines["PREFETCH"] in {str(d) for d in DISTANCES}  # the one-row prefetch was timed and chosen
     assert int(lines["THREADS"]) == default_threads()  # torch's default, as if it were loaded
     assert lines["ADAPTERS"] == "1 [0.0]"
     assert int(lines["TOKENS"]) > 0

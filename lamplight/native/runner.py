@@ -37,6 +37,7 @@ from .abi import NativeUnsupported
 from .context_shift import KeyRotation, shift_kv
 from .linear import address as _ptr, describe_linear, hold, pack_groups
 from .lookup import embedding_rows
+from .prefetch import describe as describe_prefetch
 from .threads import configured_threads
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ class NativeRunner(ModelRunner):
         lib.lp_set_threads(configured_threads())  # -t, else the default (lamplight.native.threads)
         self.threads = lib.lp_get_threads()
         self.kinds = sorted({self._kind(p) for p in self._parts()})
-        self.one_row_prefetch: bool | None = None  # lamplight.native.prefetch's choice, once made
+        self.one_row_prefetch: int | None = None  # lamplight.native.prefetch's distance, once chosen
 
     def attach_loras(self, adapters: list[LoraAdapter]) -> LoraScales:
         """Describe the model again with the adapters' deltas on their linears (packed weights
@@ -110,8 +111,9 @@ class NativeRunner(ModelRunner):
         self._has_loras = any(lin.n_loras for layer in layers for lin in self._layer_linears(layer))
 
     def describe(self) -> str:
-        """The kernel set, for the start-up log and /props: e.g. 'native avx512vnni (w4, w8_32; 2 threads; decode rows prefetch)'."""
-        prefetch = "; decode rows prefetch" if self.one_row_prefetch else ""
+        """The kernel set, for the start-up log and /props: e.g. 'native avx512vnni (w4, w8_32; 2 threads;
+        decode rows prefetch 2 KiB ahead)'."""
+        prefetch = f"; decode rows prefetch {describe_prefetch(self.one_row_prefetch)}" if self.one_row_prefetch else ""
         return f"native {self.lib.lp_isa().decode()} ({', '.join(self.kinds)}; {self.threads} threads{prefetch})"
 
     def weight_bytes(self) -> int:

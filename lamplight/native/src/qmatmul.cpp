@@ -109,19 +109,26 @@ inline int32_t load_i32(const void* p) {
 // prefetchers stop at each 4 KiB page, so the tiles ask for the lines kPrefetchBytes ahead of
 // the block they read (a prefetch never faults, past the end of the weights included).
 constexpr int kPrefetchBytes = LP_PREFETCH_BYTES;
-bool one_row_prefetch = false;  // lp_set_one_row_prefetch
+// How far ahead one-row tiles ask for their weights, 0 for not at all (lp_set_one_row_prefetch):
+// a decode row is bound by memory, and the best distance depends on the CPU's own prefetchers.
+// Random 1B Q4_K_M file, one-row steps: on Zen 5 6 KiB ran 1.3-1.5x faster than none; on an
+// Intel Xeon (family 6 model 167, AVX-512 VNNI) 2 KiB ran 1.2x faster than none and 6 KiB 1.2x
+// slower. lamplight/native/prefetch.py times the candidates once per process.
+int one_row_prefetch_bytes = 0;
 
-// Whether tiles of `rows` rows prefetch their weights.
-inline bool prefetches(int rows) { return rows > 1 || one_row_prefetch; }
-template <int R> inline bool prefetches() { return prefetches(R); }
+// How far ahead tiles of `rows` rows ask for their weights (0: they do not).
+inline int prefetch_bytes(int rows) { return rows > 1 ? kPrefetchBytes : one_row_prefetch_bytes; }
+template <int R> inline int prefetch_bytes() { return R > 1 ? kPrefetchBytes : one_row_prefetch_bytes; }
+inline bool prefetches(int rows) { return prefetch_bytes(rows) > 0; }
+template <int R> inline bool prefetches() { return prefetch_bytes<R>() > 0; }
 
 // Asks for the lines of [p, p + bytes) (a prefetch never faults).
 inline void prefetch_lines(const uint8_t* p, int bytes) {
     for (int line = 0; line < bytes; line += 64) __builtin_prefetch(p + line, 0, 3);
 }
 
-template <int FMT> inline void prefetch_ahead(const uint8_t* rec) {
-    if constexpr (kPrefetchBytes > 0) prefetch_lines(rec + kPrefetchBytes, Fmt<FMT>::qbytes);
+template <int FMT> inline void prefetch_ahead(const uint8_t* rec, int ahead = kPrefetchBytes) {
+    prefetch_lines(rec + ahead, Fmt<FMT>::qbytes);
 }
 
 // A one-row tile's prefetch for block j of a super-block: its share of the super-block's bytes
@@ -131,9 +138,9 @@ template <int FMT> inline void prefetch_ahead(const uint8_t* rec) {
 // builds alternated in one process (both orders): 1B 3-6% faster, 3B 5-6%. Multi-row tiles,
 // whose weights come from cache in prompts, ran 512-token prompts 1.5% slower with it (16-row
 // steps the same) and keep prefetch_ahead.
-template <class L> inline void prefetch_super_ahead(const uint8_t* grp, int b, int j) {
+template <class L> inline void prefetch_super_ahead(const uint8_t* grp, int b, int j, int ahead) {
     constexpr int span = int((L::super_bytes + L::per_super - 1) / L::per_super + 63) / 64 * 64;
-    if constexpr (kPrefetchBytes > 0) prefetch_lines(L::super_of(grp, b) + kPrefetchBytes + j * span, span);
+    prefetch_lines(L::super_of(grp, b) + ahead + j * span, span);
 }
 
 // -- tiles: R rows x one group of 16 columns, the whole of k ----------------------------------
@@ -277,7 +284,7 @@ void tile_super(const uint8_t* grp, int nblk, const ActsRow* a, float* const* ds
             const int b = b0 + j;
             const uint8_t* rec = L::quants(grp, b);
             if constexpr (R == 1) {
-                if (prefetches<R>()) prefetch_super_ahead<L>(grp, b, j);
+                if (prefetches<R>()) prefetch_super_ahead<L>(grp, b, j, prefetch_bytes<R>());
             } else if (prefetches<R>()) {
                 prefetch_ahead<FMT>(rec);
             }
@@ -330,7 +337,7 @@ void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst, con
         const int kb = b * block;
         __m512i isum[R];
         const uint8_t* rec = Blocks<FMT, MIN, SUP>::quants(grp, b);
-        if (prefetches<R>()) prefetch_ahead<FMT>(rec);
+        if (prefetches<R>()) prefetch_ahead<FMT>(rec, prefetch_bytes<R>());
         block_sums<FMT, ZERO8, R>(rec, a, kb, b, isum);
         const __m512 scale = scales16<FMT, MIN, SUP>(grp, b, 0);
         for (int r = 0; r < R; ++r) {
@@ -484,7 +491,7 @@ void half_tile(const uint8_t* grp, const __m256i* u, int h, int nblk, const Acts
         const int kb = b * block;
         __m256i isum[R];
         const uint8_t* rec = Blocks<FMT, MIN, SUP>::quants(grp, b);
-        if (prefetches<R>() && h == 0 && !UNPACKED) prefetch_ahead<FMT>(rec);
+        if (prefetches<R>() && h == 0 && !UNPACKED) prefetch_ahead<FMT>(rec, prefetch_bytes<R>());
         block_sums<FMT, ZERO8, R>(rec, UNPACKED ? u + 8 * b : nullptr, h, a, kb, b, isum);
         const __m256 scale = scales8<FMT, MIN, SUP>(grp, b, 0, h);
         for (int r = 0; r < R; ++r) {
@@ -513,7 +520,7 @@ void half_tile_super(const uint8_t* grp, const __m256i* u, int h, int nblk, cons
         for (int j = 0; j < per; ++j) {
             const int b = b0 + j;
             const uint8_t* rec = L::quants(grp, b);
-            if (prefetches<R>() && h == 0 && !UNPACKED) prefetch_ahead<FMT>(rec);
+            if (prefetches<R>() && h == 0 && !UNPACKED) prefetch_ahead<FMT>(rec, prefetch_bytes<R>());
             __m256i isum[R];
             block_sums<FMT, false, R>(rec, UNPACKED ? u + 8 * b : nullptr, h, a, b * block, b, isum);
             const __m256i f = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(L::factors(grp, b, 0) + 8 * h)));
@@ -768,7 +775,8 @@ void qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y,
     // kPrefetchBytes of a column range would arrive one demand miss at a time: ask for them now.
     // Alone, one-row steps of the random 1B Q4_K_M file ran 1-2% faster; with linear.cpp's 2
     // column chunks a thread for a decode row, 1B 2-2.5% and 3B 4% (alternated in one process).
-    if (prefetches(n_rows)) prefetch_lines(w->data + LP_HEADER_BYTES + size_t(col_begin / kGroup) * stride, kPrefetchBytes);
+    if (prefetches(n_rows))
+        prefetch_lines(w->data + LP_HEADER_BYTES + size_t(col_begin / kGroup) * stride, prefetch_bytes(n_rows));
     for (int32_t rb = 0; rb < n_rows; rb += row_block) {
         const int32_t rb_end = std::min(n_rows, rb + row_block);
         const ActsRow* rows = rows_of(acts, row_bytes, w->k, flags & LP_FLAG_SUPER, rb, rb_end);
@@ -782,9 +790,9 @@ void qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y,
 
 extern "C" {
 
-int32_t lp_set_one_row_prefetch(int32_t on) {
-    int32_t was = one_row_prefetch;
-    one_row_prefetch = on != 0;
+int32_t lp_set_one_row_prefetch(int32_t bytes) {
+    const int32_t was = one_row_prefetch_bytes;
+    one_row_prefetch_bytes = std::clamp<int32_t>(bytes, 0, LP_MAX_ONE_ROW_PREFETCH) / 64 * 64;
     return was;
 }
 

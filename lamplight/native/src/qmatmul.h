@@ -55,12 +55,14 @@ typedef struct lp_qweight {
 untouched). Returns LP_OK, or LP_ERR_ARGUMENT for an unknown format, a k that is not a multiple of
 32 or a column range outside [0, n) or off the column groups (nothing written then); the caller
 sizes acts (n_rows rows of lp_qacts_row_bytes(k)) and y. */
-// Whether one-row tiles (a decode row) prefetch their weights ahead as multi-row tiles do. A
+// How many bytes ahead one-row tiles (a decode row) ask for their weights, 0 for not at all. A
 // property of the machine: on some CPUs the hardware prefetchers alone stream one row's weights
-// fastest, on others (AMD Zen 5) the software prefetch reads them 1.3-1.5x faster. Off until set;
-// lamplight/native/runner.py times both once per process and keeps the faster. Prefetching
-// changes no result. Returns the previous setting.
-int32_t lp_set_one_row_prefetch(int32_t on);
+// fastest, on others a software prefetch reads them 1.2-1.5x faster, at a distance that differs
+// by CPU (qmatmul.cpp). Off until set; bytes are clamped to [0, LP_MAX_ONE_ROW_PREFETCH] and
+// rounded down to whole lines. lamplight/native/prefetch.py times its candidates once per process
+// and keeps the fastest. Prefetching changes no result. Returns the previous distance.
+#define LP_MAX_ONE_ROW_PREFETCH 65536
+int32_t lp_set_one_row_prefetch(int32_t bytes);
 
 int32_t lp_qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y, int64_t ldy,
                    int32_t col_begin, int32_t col_end);
