@@ -127,12 +127,13 @@ inline void prefetch_lines(const uint8_t* p, int bytes) {
     for (int line = 0; line < bytes; line += 64) __builtin_prefetch(p + line, 0, 3);
 }
 
+// The lines of a block's quants `ahead` bytes ahead.
 template <int FMT> inline void prefetch_ahead(const uint8_t* rec, int ahead = kPrefetchBytes) {
     prefetch_lines(rec + ahead, Fmt<FMT>::qbytes);
 }
 
 // A one-row tile's prefetch for block j of a super-block: its share of the super-block's bytes
-// (header included) kPrefetchBytes ahead, so that every line of the group's stream is asked for.
+// (header included) `ahead` bytes ahead, so that every line of the group's stream is asked for.
 // prefetch_ahead asks for each block's quants alone, which leaves the super-blocks' headers (320
 // of Q4_K's 2368 bytes) to demand misses. One-row steps of the random Q4_K_M files on Zen 5,
 // builds alternated in one process (both orders): 1B 3-6% faster, 3B 5-6%. Multi-row tiles,
@@ -771,8 +772,8 @@ void qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y,
     // The bytes of a row the tiles read: one of its quant arrays (k bytes) and a float or two per block.
     const size_t read_bytes = size_t(w->k) + size_t(w->k) / 4;
     const int32_t row_block = std::max<int32_t>(kRowTile, int32_t(kRowBlockBytes / read_bytes) / kRowTile * kRowTile);
-    // The tiles ask for the lines kPrefetchBytes ahead of the block they read, so the first
-    // kPrefetchBytes of a column range would arrive one demand miss at a time: ask for them now.
+    // The tiles ask for the lines prefetch_bytes(n_rows) ahead of the block they read, so the
+    // first that many bytes of a column range would arrive one demand miss at a time: ask for them now.
     // Alone, one-row steps of the random 1B Q4_K_M file ran 1-2% faster; with linear.cpp's 2
     // column chunks a thread for a decode row, 1B 2-2.5% and 3B 4% (alternated in one process).
     if (prefetches(n_rows))
