@@ -331,12 +331,23 @@ def test_fast_decode_rows_are_bit_identical_alone_and_batched(tmp_path):
         assert torch.equal(decode_last([s])[0], together[i])
 
 
-def test_dense_kernel_rows_do_not_depend_on_their_neighbours():
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(320, 576), (576, 1536)])
+def test_dense_kernel_rows_do_not_depend_on_their_neighbours(threads, shape):
+    """A row's bits whatever rows come with it, on one thread and two: MKL's kernels (and, with
+    threads, its split of the work) depend on the product's rows, most on Intel's MKL paths,
+    where padding to 4 rows was not enough (1-15 rows on one thread; up to 48 rows of the
+    576 x 1536 shape on two)."""
     from lamplight.kernels.linear import BATCH_INVARIANT_ROWS, DenseKernel
 
-    torch.manual_seed(0)
-    kernel = DenseKernel(torch.randn(320, 576), torch.float32, BATCH_INVARIANT_ROWS)
-    x = torch.randn(70, 576)
-    full = kernel(x)
-    for start, count in [(0, 1), (3, 2), (5, 7), (10, 13), (0, 70)]:
-        assert torch.equal(kernel(x[start : start + count]), full[start : start + count])
+    was = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        kernel = DenseKernel(torch.randn(*shape), torch.float32, BATCH_INVARIANT_ROWS)
+        x = torch.randn(70, shape[1])
+        full = kernel(x)
+        for start, count in [(0, 1), (3, 2), (5, 7), (10, 13), (0, 16), (1, 33), (4, 48), (0, 70)]:
+            assert torch.equal(kernel(x[start : start + count]), full[start : start + count]), (start, count)
+    finally:
+        torch.set_num_threads(was)

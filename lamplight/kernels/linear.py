@@ -15,10 +15,15 @@ from .unpack import GROUP
 class DenseKernel:
     """A dense weight in a chosen dtype (float32 reference, or bf16 on CUDA).
 
-    `row_multiple` pads the rows to a multiple of it: MKL's float32 kernels sum a row in another
-    order when it falls in a remainder block (or in the 1-3 row matrix-vector path), so a row's
-    result would depend on how many rows came with it; with the rows padded to a multiple of 4
-    every row is summed alike (checked on this project's machines, tests/test_models.py).
+    `row_multiple` > 1 computes the rows in products of exactly that many (the last padded): MKL
+    chooses its float32 kernels by the product's sizes and sums a row in another order in
+    another kernel, so a row's result would depend on how many rows came with it. Padding to a
+    multiple of 4 in one product was enough on AMD (Zen 5); Intel's MKL paths use other kernels
+    for every product under 16 rows, and with 2 threads for some sizes up to 48 (Intel Xeon,
+    family 6 model 167, MKL 2024.2). Products of one fixed shape sum every row alike on both,
+    whatever its place among the 16 (tests/test_models.py). On that Xeon this made the PyTorch
+    backend's 256-token SmolLM2 prompt 2.2x slower (281 -> 615 ms, attention included) and its
+    decode step 9% slower; the native kernels, the default, do not use it.
     """
 
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype, row_multiple: int = 1):
@@ -36,13 +41,16 @@ class DenseKernel:
         pad = -n % self.row_multiple
         if pad or torch.compiler.is_compiling():  # compiled: no branch (a guard) on the row count
             flat = F.pad(flat, (0, 0, 0, pad))
-        y = F.linear(flat, self.weight)[:n].float()
+        if self.row_multiple > 1 and not torch.compiler.is_compiling():
+            y = torch.cat([F.linear(block, self.weight) for block in flat.split(self.row_multiple)])[:n].float()
+        else:
+            y = F.linear(flat, self.weight)[:n].float()
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, weight) in float32 with DenseKernel's row padding: each row's result the same
-    whatever rows come with it."""
+    """F.linear(x, weight) in float32 in DenseKernel's fixed row blocks: each row's result the
+    same whatever rows come with it."""
     return DenseKernel(weight, torch.float32, BATCH_INVARIANT_ROWS)(x)
 
 
@@ -52,8 +60,8 @@ class RowSplit:
     decode_rows: int = 0
 
 
-# Float32 matmuls pad their rows to a multiple of this (see DenseKernel).
-BATCH_INVARIANT_ROWS = 4
+# Float32 matmuls compute their rows in products of exactly this many (see DenseKernel).
+BATCH_INVARIANT_ROWS = 16
 
 
 class Int4CpuKernel:

@@ -38,10 +38,13 @@ __all__ = ["AttentionGroup", "DECODE_KEY_ALIGN", "ForwardBatch", "GivenRows", "S
            "count_leading_decode"]
 
 
-# Query rows of one (KV head, sequence) matmul are padded to a multiple of this: MKL computes a
-# row of a 1-3 row product (or of a remainder block) in another order than the rows of a larger
-# one, which would make a query's attention depend on how many queries came with it.
-QUERY_ROW_MULTIPLE = 4
+# Query rows of one (KV head, sequence) matmul are padded to a multiple of this, and computed in
+# products of exactly this many rows (lamplight.models.layers._grouped_attention): MKL chooses
+# its kernels by the product's sizes, and a row of one kernel is summed in another order than
+# the same row of another, which would make a query's attention depend on how many queries came
+# with it. On AMD (Zen 5) padding to 4 rows was enough; Intel's MKL paths use other kernels for
+# every product under 16 rows, and its threads split a lone product differently from a batch.
+QUERY_ROW_MULTIPLE = 16
 
 
 def padded_query_rows(n_queries: int, heads_per_kv: int) -> int:

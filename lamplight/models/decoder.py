@@ -267,7 +267,7 @@ class Decoder(nn.Module):
             logits = self.output(h)
         elif self.tied_head_kernel is not None:
             logits = self.tied_head_kernel(h)
-        else:  # padded rows: a plain matmul of 1-3 rows sums in another order (DenseKernel)
+        else:  # fixed row blocks: MKL sums a row in an order that depends on the rows (DenseKernel)
             logits = invariant_linear(h, self.token_embd)
         return logits if self.output_bias is None else logits + self.output_bias
 

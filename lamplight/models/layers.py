@@ -13,7 +13,7 @@ from ..gguf.quant import dequantize
 from ..kernels.linear import BATCH_INVARIANT_ROWS, DenseKernel
 from ..state.torch_pools import TorchKVPool
 from .activations import ACTIVATIONS
-from .batch import ForwardBatch
+from .batch import QUERY_ROW_MULTIPLE, ForwardBatch
 from .rope import RopeTables
 from .rope_scaling import RopeScaling
 from .spec import FeedForwardSpec, LinearSpec, RopeSpec
@@ -43,8 +43,8 @@ class QuantLinear(nn.Module):
         """What computes the layer on the PyTorch path: the float32 reference weight unless the
         fast path set another kernel."""
         if self._kernel is None:
-            # Rows padded like the fast path's float32 kernels: a row's result does not depend
-            # on how many rows share the step (MKL sums 1-3 row remainders another way).
+            # Rows in fixed blocks like the fast path's float32 kernels: a row's result does not
+            # depend on how many rows share the step (MKL's kernels depend on the rows, DenseKernel).
             self._kernel = DenseKernel(torch.from_numpy(dequantize(self.info)), torch.float32, BATCH_INVARIANT_ROWS)
         return self._kernel
 
@@ -206,13 +206,28 @@ class ScoreShaping:
         return torch.softmax(torch.cat((scores, sinks), dim=-1), dim=-1)[..., :-1]
 
 
+def _row_block_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for a [N, M, K] (M a multiple of QUERY_ROW_MULTIPLE) and b [N, K, P], as one matrix
+    product per item and block of QUERY_ROW_MULTIPLE rows: every product has the same shape
+    whatever N and M are, so MKL sums each row alike (a batched product's kernels and thread split
+    depend on the batch size on Intel's MKL paths). Compiled graphs keep the batched product."""
+    if torch.compiler.is_compiling():
+        return torch.bmm(a, b)
+    out = a.new_empty(a.shape[0], a.shape[1], b.shape[2])
+    for item in range(a.shape[0]):
+        for row in range(0, a.shape[1], QUERY_ROW_MULTIPLE):
+            torch.mm(a[item, row : row + QUERY_ROW_MULTIPLE], b[item], out=out[item, row : row + QUERY_ROW_MULTIPLE])
+    return out
+
+
 def _grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float,
                        shaping: ScoreShaping | None = None) -> torch.Tensor:
     """Attention of a group's queries as two batched matmuls over (KV head, sequence), for decode
     tokens and prompt chunks alike.
 
     Every operand is contiguous in one fixed layout, query rows are padded to QUERY_ROW_MULTIPLE
-    and keys to an aligned length (padding biased to -inf), so each query's result is
+    (and multiplied in blocks of that many, _row_block_bmm) and keys to an aligned length
+    (padding biased to -inf), so each query's result is
     bit-identical whatever else is in the batch and whether it is a decode token or a row of a
     prompt chunk (SDPA's kernels, and matmuls on strided views, sum in orders that depend on
     the shapes): the reproducibility rule on the PyTorch path.
@@ -229,15 +244,15 @@ def _grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
         grouped = F.pad(grouped, (0, 0, 0, rows - n_q * group))
     keys_t = keys.view(n_kv * b, c, d).transpose(1, 2)
     if shaping is None:
-        probs = torch.softmax(torch.baddbmm(bias, grouped, keys_t, alpha=scale), dim=-1)
+        probs = torch.softmax(_row_block_bmm(grouped, keys_t) * scale + bias, dim=-1)
     else:
-        scores = shaping.cap(torch.bmm(grouped, keys_t) * scale) + bias
+        scores = shaping.cap(_row_block_bmm(grouped, keys_t) * scale) + bias
         sinks = None
         if shaping.sinks is not None:  # per query head -> this layout's (KV head, sequence, query, group) rows
             sinks = shaping.sinks.view(n_kv, 1, 1, group).expand(n_kv, b, n_q, group).reshape(n_kv * b, -1, 1)
             sinks = F.pad(sinks, (0, 0, 0, rows - n_q * group))
         probs = shaping.softmax(scores, sinks)
-    out = torch.bmm(probs, values.view(n_kv * b, c, dv))[:, : n_q * group]  # [Hkv * B, Q * G, Dv]
+    out = _row_block_bmm(probs, values.view(n_kv * b, c, dv))[:, : n_q * group]  # [Hkv * B, Q * G, Dv]
     return out.reshape(n_kv, b, n_q, group, dv).permute(1, 2, 0, 3, 4).reshape(b, n_q, n_heads * dv)
 
 

@@ -3,7 +3,7 @@
 Expert weights stay as the GGUF stores them (3-D tensors, raw blocks): each step dequantizes
 only the experts its tokens selected, and runs each expert on the rows routed to it. A token's
 routing and result never depend on the other tokens of the step: the router is a per-row
-linear, and every expert matmul pads its rows like the batch-invariant dense kernels.
+linear, and every expert matmul runs its rows in the batch-invariant dense kernels' fixed blocks.
 """
 
 from __future__ import annotations
