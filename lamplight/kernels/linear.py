@@ -41,7 +41,7 @@ class DenseKernel:
         pad = -n % self.row_multiple
         if pad or torch.compiler.is_compiling():  # compiled: no branch (a guard) on the row count
             flat = F.pad(flat, (0, 0, 0, pad))
-        if self.row_multiple > 1 and not torch.compiler.is_compiling():
+        if self.row_multiple > 1 and flat.device.type == "cpu" and not torch.compiler.is_compiling():
             y = torch.cat([F.linear(block, self.weight) for block in flat.split(self.row_multiple)])[:n].float()
         else:
             y = F.linear(flat, self.weight)[:n].float()

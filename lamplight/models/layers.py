@@ -210,8 +210,10 @@ def _row_block_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b for a [N, M, K] (M a multiple of QUERY_ROW_MULTIPLE) and b [N, K, P], as one matrix
     product per item and block of QUERY_ROW_MULTIPLE rows: every product has the same shape
     whatever N and M are, so MKL sums each row alike (a batched product's kernels and thread split
-    depend on the batch size on Intel's MKL paths). Compiled graphs keep the batched product."""
-    if torch.compiler.is_compiling():
+    depend on the batch size on Intel's MKL paths). Compiled graphs, and other devices than the
+    CPU (whose libraries are not MKL, and where a product a block would cost a launch each), keep
+    the batched product."""
+    if torch.compiler.is_compiling() or a.device.type != "cpu":
         return torch.bmm(a, b)
     out = a.new_empty(a.shape[0], a.shape[1], b.shape[2])
     for item in range(a.shape[0]):
