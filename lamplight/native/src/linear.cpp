@@ -389,7 +389,7 @@ constexpr int kGatedMinRows = 64;
 bool gated_fuses(const LpLinear& gate_up, const LpLinear& down, int n_ff, int n_rows) {
     if (n_rows < kGatedMinRows || gate_up.n_out != 2 * n_ff || n_ff % kGatedColumns != 0) return false;
     if (gate_up.bias || gate_up.n_loras || down.n_loras) return false;
-    if (!all_packed(gate_up) || !all_packed(down) || acts_parts(down) == 0) return false;
+    if (!all_packed(gate_up) || !all_packed(down)) return false;  // packed down: quantized input only
     // The gate's columns and the up's each lie in one part.
     return part_column(gate_up, n_ff - 1).part == part_column(gate_up, 0).part &&
            part_column(gate_up, 2 * n_ff - 1).part == part_column(gate_up, n_ff).part;

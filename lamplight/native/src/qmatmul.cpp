@@ -118,9 +118,9 @@ int one_row_prefetch_bytes = 0;
 
 // How far ahead tiles of `rows` rows ask for their weights (0: they do not).
 inline int prefetch_bytes(int rows) { return rows > 1 ? kPrefetchBytes : one_row_prefetch_bytes; }
-template <int R> inline int prefetch_bytes() { return R > 1 ? kPrefetchBytes : one_row_prefetch_bytes; }
+template <int R> inline int prefetch_bytes() { return prefetch_bytes(R); }
 inline bool prefetches(int rows) { return prefetch_bytes(rows) > 0; }
-template <int R> inline bool prefetches() { return prefetch_bytes<R>() > 0; }
+template <int R> inline bool prefetches() { return prefetches(R); }
 
 // Asks for the lines of [p, p + bytes) (a prefetch never faults).
 inline void prefetch_lines(const uint8_t* p, int bytes) {
