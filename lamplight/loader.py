@@ -145,7 +145,7 @@ def _native_runner(spec: DecoderSpec, device: str, adapters: Sequence[LoraAdapte
     if device != "cpu":
         return None, f"device {device}"
     from .native import runtime
-    from .native.prefetch import choose_one_row_prefetch
+    from .native.prefetch import choose_one_row_reads
     from .native.runner import NativeRunner, NativeUnsupported
 
     lib = runtime.library(progress)
@@ -156,5 +156,5 @@ def _native_runner(spec: DecoderSpec, device: str, adapters: Sequence[LoraAdapte
     except NativeUnsupported as exc:
         log.warning("no native forward for this model (%s): running on PyTorch's kernels", exc)
         return None, f"no native forward: {exc}"
-    runner.one_row_prefetch = choose_one_row_prefetch(runner)
+    runner.one_row_reads = choose_one_row_reads(runner)
     return runner, None

@@ -211,6 +211,42 @@ def test_results_are_batch_invariant(kernels, qtype):
         assert (untouched[:, :16] == 7).all() and (untouched[:, 32:] == 7).all()
 
 
+@pytest.mark.parametrize("qtype", FORMAT_CASES, ids=lambda t: t.name)
+def test_one_row_reads_side_by_side_give_the_same_bits(kernels, qtype):
+    """A decode row read 4 groups of columns at a time (lp_set_one_row_streams) at any prefetch
+    distance gives the bits of one group at a time, on every build, over column ranges whose
+    groups divide by 4 or not, the partial last group included."""
+    packed = pack(random_info(qtype, 16 * 13 + 5, 512, seed=5))  # 13 whole groups and a partial one
+    x = torch.randn(3, 512)
+    generic = kernels["generic"].matmul(packed, x)
+    for variant, k in kernels.items():
+        acts = k.quantize(x)
+        for streams in (1, 4):
+            for distance in (0, 2048):
+                k.lib.lp_set_one_row_streams(streams)
+                k.lib.lp_set_one_row_prefetch(distance)
+                for r in range(3):
+                    for begin, end in ((0, 213), (16, 208), (48, 213), (32, 96)):
+                        y = torch.full((1, 213), float("nan"))
+                        k.matmul_acts(packed, acts[r:r + 1], y, begin, end)
+                        assert torch.equal(y[0, begin:end].view(torch.int32), generic[r, begin:end].view(torch.int32)), (
+                            variant, streams, distance, r, begin)
+                        assert y[0, :begin].isnan().all() and y[0, end:].isnan().all()
+        k.lib.lp_set_one_row_streams(1)
+        k.lib.lp_set_one_row_prefetch(0)
+
+
+def test_side_by_side_reads_are_kept_only_where_the_build_has_them(kernels):
+    """lp_set_one_row_streams keeps 4 for 4 or more on AVX-512 builds, 1 for anything else and on
+    every other build, and returns the setting before."""
+    for variant, k in kernels.items():
+        most = 4 if variant == "avx512vnni" else 1
+        k.lib.lp_set_one_row_streams(1)
+        for asked, kept in ((4, most), (9, most), (3, 1), (2, 1), (0, 1), (-4, 1)):
+            k.lib.lp_set_one_row_streams(asked)
+            assert k.lib.lp_set_one_row_streams(1) == kept, (variant, asked)
+
+
 def test_bad_shapes_and_column_ranges_are_refused(kernels):
     """The wrapper checks the arrays' shapes (the C side sees no lengths) and lp_qmatmul the
     column range: a ValueError, never a stray read or write."""

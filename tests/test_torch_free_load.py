@@ -13,7 +13,7 @@ from no_torch import native_library, printed, run_without_torch  # noqa: F401 (n
 from tiny_gguf import write_tiny_llama, write_tiny_lora
 
 from lamplight.native import build, runtime
-from lamplight.native.prefetch import DISTANCES
+from lamplight.native.prefetch import CHOICES
 from lamplight.native.threads import default_threads
 
 
@@ -33,7 +33,7 @@ import lamplight
 m = lamplight.load({str(path)!r}, backend={backend!r}, loras=[({str(adapter)!r}, 0.5)])
 assert "torch" not in sys.modules
 print("BACKEND", m.runner.backend)
-print("PREFETCH", m.runner.one_row_prefetch)
+print("READS", tuple(m.runner.one_row_reads))
 print("THREADS", m.runner.threads)
 print("ADAPTERS", len(m.adapters), m.runner.lora_scales.scales)  # scales set by the runner's attach_loras
 print("TOKENS", len(m.tokenizer.encode("hello")))
@@ -42,7 +42,7 @@ print("TOKENS", len(m.tokenizer.encode("hello")))
     assert out.returncode == 0, out.stderr
     lines = printed(out)
     assert lines["BACKEND"] == "native"
-    assert lines["PREFETCH"] in {str(d) for d in DISTANCES}  # the one-row prefetch was timed and chosen
+    assert lines["READS"] in {str(tuple(c)) for c in CHOICES}  # the one-row reads were timed and chosen
     assert int(lines["THREADS"]) == default_threads()  # torch's default, as if it were loaded
     assert lines["ADAPTERS"] == "1 [0.0]"
     assert int(lines["TOKENS"]) > 0

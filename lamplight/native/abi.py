@@ -320,6 +320,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.lp_read_bandwidth.restype = ctypes.c_double  # GB/s, or -1 (lp_last_error says why)
     lib.lp_set_one_row_prefetch.argtypes = [c_int32]
     lib.lp_set_one_row_prefetch.restype = c_int32  # the previous distance (bytes)
+    lib.lp_set_one_row_streams.argtypes = [c_int32]
+    lib.lp_set_one_row_streams.restype = c_int32  # the previous number of groups side by side
     lib.lp_set_threads.argtypes = [c_int32]
     lib.lp_set_threads.restype = c_int32  # LP_OK, or fewer threads started (lp_get_threads says how many)
     lib.lp_get_threads.argtypes = []

@@ -1,15 +1,25 @@
-"""How far ahead a decode row's weights are prefetched, if at all: chosen by timing, once per process.
+"""How a decode row reads its weights: chosen by timing, once per process.
 
-Multi-row tiles always ask for their weights ahead (6 KiB on AVX-512, 2 KiB on AVX2: see
-qmatmul.cpp; the hardware prefetchers stop at each 4 KiB page). For a single row, bound by
-memory bandwidth, it depends on the CPU, and so does the distance. One-token steps of the random
-1B Q4_K_M file: on AMD Zen 5 a prefetch 6 KiB ahead ran 1.3-1.5x faster than none; on an Intel
-Xeon (family 6 model 167) 2 KiB ahead ran 1.2x faster than none (26.7-27.1 ms against 32.7; 1
-and 1.5 KiB the same, 3 KiB 28.2 ms) and 6 KiB 1.2x slower (38.7 ms); the 3B file there: 69.5 ms
-at 2 KiB, 85.8 without, 105.4 at 6 KiB. So the first model loaded on the native kernels runs a
-few one-token steps at each of DISTANCES, alternated, and keeps the fastest
-(lp_set_one_row_prefetch). A prefetch changes no result, only speed: the reproducibility rule
-holds whatever is chosen.
+A decode row (one row through the one-row tiles) is bound by memory bandwidth, and how fast one
+core streams memory depends on the CPU's prefetchers, so two things are chosen by timing:
+
+- **How far ahead the tiles prefetch** (lp_set_one_row_prefetch; 0: not at all). Multi-row tiles
+  always ask for their weights ahead (6 KiB on AVX-512, 2 KiB on AVX2: see qmatmul.cpp; the
+  hardware prefetchers stop at each 4 KiB page). One-token steps of the random 1B Q4_K_M file: on
+  AMD Zen 5 a prefetch 6 KiB ahead ran 1.3-1.5x faster than none; on an Intel Xeon (family 6
+  model 167) 2 KiB ahead ran 1.2x faster than none (26.7-27.1 ms against 32.7; 1 and 1.5 KiB the
+  same, 3 KiB 28.2 ms) and 6 KiB 1.2x slower (38.7 ms); the 3B file there: 69.5 ms at 2 KiB,
+  85.8 without, 105.4 at 6 KiB.
+- **How many groups of columns a thread reads side by side** (lp_set_one_row_streams: 1, or 4
+  where the build has the side-by-side tiles). Each group of 16 columns is one stream of memory;
+  reading 4 at once keeps more of them in flight. On that Xeon a plain read of 512 MiB with 2
+  threads ran at 27 GB/s as one stream a thread and 31 GB/s as 4 interleaved streams of 18.5 KiB
+  (a 1B group's length), and one-token steps ran 1B 25.4 -> 23.4 ms, 3B 68.3 -> 60.6 ms,
+  SmolLM2 Q4_1 4.33 -> 3.87 ms (each with its best distance). Gemma 3 270M ran no faster.
+
+So the first model loaded on the native kernels runs a few one-token steps with each of CHOICES
+the library has, alternated, and keeps the fastest. Neither setting changes a result, only speed:
+the reproducibility rule holds whatever is chosen.
 The steps are the runner's own (token 0 at position 0 on a one-token state of its default cache
 type, numpy like all its steps): loading needs no torch.
 """
@@ -19,54 +29,95 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from typing import NamedTuple
 
 from ..models.chunks import SequenceChunk
 
 log = logging.getLogger("lamplight")
 
+
+class OneRowReads(NamedTuple):
+    """How a decode row reads its weights."""
+
+    streams: int  # groups of columns a thread reads side by side
+    distance: int  # bytes ahead the tiles prefetch (0: no prefetch)
+
+
 # The distances timed (bytes ahead; 0: no prefetch): none, the Intel Xeon's best, Zen 5's.
 DISTANCES = (0, 2048, 6144)
-ROUNDS = 4  # timed steps at each distance, after one untimed round (first-touch page faults)
+STREAMS = (1, 4)  # one group at a time, or 4 side by side
+# Every combination; the first of a tie wins, so one stream and no prefetch before any other.
+CHOICES = tuple(OneRowReads(streams, distance) for streams in STREAMS for distance in DISTANCES)
+PLAIN = CHOICES[0]
+ROUNDS = 4  # timed steps of each choice, after one untimed round (first-touch page faults)
 
-_chosen: dict[int, int] = {}  # by library handle: the distance chosen
+_chosen: dict[int, OneRowReads] = {}  # by library handle: the choice made
 
 
-def choose_one_row_prefetch(runner) -> int | None:
-    """Times `runner`'s one-token steps at each of DISTANCES, sets the fastest on its library and
-    returns it (the earlier choice if this library has one; None, leaving the prefetch off, if
-    the step cannot run)."""
+def apply(lib, reads: OneRowReads) -> None:
+    """Sets `reads` on the library."""
+    lib.lp_set_one_row_streams(reads.streams)
+    lib.lp_set_one_row_prefetch(reads.distance)
+
+
+def current(lib) -> OneRowReads:
+    """The library's settings now (read by setting them again)."""
+    streams = lib.lp_set_one_row_streams(1)
+    lib.lp_set_one_row_streams(streams)
+    distance = lib.lp_set_one_row_prefetch(0)
+    lib.lp_set_one_row_prefetch(distance)
+    return OneRowReads(streams, distance)
+
+
+def choices_of(lib) -> tuple[OneRowReads, ...]:
+    """The CHOICES the library can make: side by side only where its build has those tiles (the
+    setter keeps 1 otherwise)."""
+    was = lib.lp_set_one_row_streams(max(STREAMS))
+    most = lib.lp_set_one_row_streams(was)
+    return tuple(choice for choice in CHOICES if choice.streams <= most)
+
+
+def choose_one_row_reads(runner) -> OneRowReads | None:
+    """Times `runner`'s one-token steps with each choice, sets the fastest on its library and
+    returns it (the earlier choice if this library has one; None, leaving the plain reads, if the
+    step cannot run)."""
     lib = runner.lib
     if lib._handle in _chosen:
-        lib.lp_set_one_row_prefetch(_chosen[lib._handle])
+        apply(lib, _chosen[lib._handle])
         return _chosen[lib._handle]
+    choices = choices_of(lib)
     try:
-        times = _step_times(runner)
+        times = _step_times(runner, choices)
     except Exception as exc:  # a model this cannot step alone: leave the default
-        log.debug("one-row prefetch not timed: %r", exc)
-        lib.lp_set_one_row_prefetch(0)
+        log.debug("one-row reads not timed: %r", exc)
+        apply(lib, PLAIN)
         return None
-    medians = {distance: statistics.median(times[distance]) for distance in DISTANCES}
-    chosen = min(DISTANCES, key=medians.__getitem__)  # ties: the first, so no prefetch before any
-    lib.lp_set_one_row_prefetch(chosen)
+    medians = {choice: statistics.median(times[choice]) for choice in choices}
+    chosen = min(choices, key=medians.__getitem__)  # ties: the first, so the plain reads before any
+    apply(lib, chosen)
     _chosen[lib._handle] = chosen
-    log.info("decode rows prefetch their weights: %s (a one-token step: %s)", describe(chosen),
-             ", ".join(f"{1e3 * medians[d]:.1f} ms {describe(d)}" for d in DISTANCES))
+    log.info("decode rows %s (a one-token step: %s)", describe(chosen),
+             ", ".join(f"{1e3 * medians[c]:.1f} ms {describe(c)}" for c in choices))
     return chosen
 
 
-def describe(distance: int | None) -> str:
-    """How a distance reads in the log and the kernels line: 'not at all' or '2 KiB ahead'."""
-    return f"{distance / 1024:g} KiB ahead" if distance else "not at all"
+def describe(reads: OneRowReads | None) -> str:
+    """How a choice reads in the log and the kernels line: 'read 4 column groups at once, prefetch
+    2 KiB ahead', 'prefetch not at all'."""
+    if reads is None:
+        return "prefetch not at all"
+    ahead = f"prefetch {reads.distance / 1024:g} KiB ahead" if reads.distance else "prefetch not at all"
+    return f"read {reads.streams} column groups at once, {ahead}" if reads.streams > 1 else ahead
 
 
-def _step_times(runner) -> dict[int, list[float]]:
+def _step_times(runner, choices) -> dict[OneRowReads, list[float]]:
     state, chunk = runner.new_state(1, runner.default_cache_type), [SequenceChunk([0], 0, range(1))]
-    times: dict[int, list[float]] = {distance: [] for distance in DISTANCES}
+    times: dict[OneRowReads, list[float]] = {choice: [] for choice in choices}
     for round_ in range(ROUNDS + 1):
-        for distance in DISTANCES[::-1] if round_ % 2 else DISTANCES:
-            runner.lib.lp_set_one_row_prefetch(distance)
+        for choice in choices[::-1] if round_ % 2 else choices:
+            apply(runner.lib, choice)
             start = time.perf_counter()
             runner.step(chunk, state)
             if round_:
-                times[distance].append(time.perf_counter() - start)
+                times[choice].append(time.perf_counter() - start)
     return times

@@ -37,7 +37,9 @@ from .abi import NativeUnsupported
 from .context_shift import KeyRotation, shift_kv
 from .linear import address as _ptr, describe_linear, hold, pack_groups
 from .lookup import embedding_rows
-from .prefetch import describe as describe_prefetch
+from .prefetch import PLAIN as PLAIN_READS
+from .prefetch import OneRowReads
+from .prefetch import describe as describe_reads
 from .threads import configured_threads
 
 if TYPE_CHECKING:
@@ -82,7 +84,7 @@ class NativeRunner(ModelRunner):
         lib.lp_set_threads(configured_threads())  # -t, else the default (lamplight.native.threads)
         self.threads = lib.lp_get_threads()
         self.kinds = sorted({self._kind(p) for p in self._parts()})
-        self.one_row_prefetch: int | None = None  # lamplight.native.prefetch's distance, once chosen
+        self.one_row_reads: OneRowReads | None = None  # lamplight.native.prefetch's choice, once made
 
     def attach_loras(self, adapters: list[LoraAdapter]) -> LoraScales:
         """Describe the model again with the adapters' deltas on their linears (packed weights
@@ -112,9 +114,10 @@ class NativeRunner(ModelRunner):
 
     def describe(self) -> str:
         """The kernel set, for the start-up log and /props: e.g. 'native avx512vnni (w4, w8_32; 2 threads;
-        decode rows prefetch 2 KiB ahead)'."""
-        prefetch = f"; decode rows prefetch {describe_prefetch(self.one_row_prefetch)}" if self.one_row_prefetch else ""
-        return f"native {self.lib.lp_isa().decode()} ({', '.join(self.kinds)}; {self.threads} threads{prefetch})"
+        decode rows read 4 column groups at once, prefetch 2 KiB ahead)'."""
+        reads = self.one_row_reads
+        said = f"; decode rows {describe_reads(reads)}" if reads is not None and reads != PLAIN_READS else ""
+        return f"native {self.lib.lp_isa().decode()} ({', '.join(self.kinds)}; {self.threads} threads{said})"
 
     def weight_bytes(self) -> int:
         """Bytes of the weights the native forward reads (packed, plus dense norms and tables)."""

@@ -116,6 +116,15 @@ constexpr int kPrefetchBytes = LP_PREFETCH_BYTES;
 // slower. lamplight/native/prefetch.py times the candidates once per process.
 int one_row_prefetch_bytes = 0;
 
+// How many groups of columns a one-row pass reads side by side (1, or kStreamGroups where the
+// build has one_row_groups): lp_set_one_row_streams.
+#ifndef LP_STREAM_GROUPS
+#define LP_STREAM_GROUPS 4
+#endif
+constexpr int kStreamGroups = LP_STREAM_GROUPS;
+int one_row_streams = 1;
+using StreamsFn = void (*)(const uint8_t* grp0, size_t stride, int nblk, const ActsRow* a, float* y);
+
 // How far ahead tiles of `rows` rows ask for their weights (0: they do not).
 inline int prefetch_bytes(int rows) { return rows > 1 ? kPrefetchBytes : one_row_prefetch_bytes; }
 template <int R> inline int prefetch_bytes() { return prefetch_bytes(R); }
@@ -263,11 +272,14 @@ inline __m512 scales16(const uint8_t* grp, int b, int which) {
 // A k-quant's super-blocks (FLAG_SUPER): the activations have one scale per 256 k, so each
 // block's exact sum times its int8 factor adds up in int32 over the super-block, and the float
 // work (d * xd times the total, and the mins' term) is once per 256 k, not per block. The rows
-// come as super_view gives them (rows_of).
-template <int FMT, bool MIN, int R>
-void tile_super(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst) {
+// come as super_view gives them (rows_of). S groups of columns, `stride` bytes apart, are read
+// side by side (S > 1 for one row only: one_row_groups); group s writes dst[r] + 16 * s.
+template <int FMT, bool MIN, int R, int S = 1>
+void tile_super(const uint8_t* grp0, size_t stride, int nblk, const ActsRow* a, float* const* dst) {
+    static_assert(S == 1 || R == 1, "several groups side by side for one row only");
     using L = Blocks<FMT, MIN, true>;
     constexpr int block = Fmt<FMT>::block, per = L::per_super;
+    const auto group = [&](int s) { return grp0 + size_t(s) * stride; };
     // The float accumulators wait between super-blocks where the compiler puts them (registers,
     // or R adjacent lines of the stack), not in dst, whose R rows lie ldy apart: a load and a
     // store to those lines per super-block ran 16-row decode steps of the random 1B Q4_K_M file
@@ -276,81 +288,115 @@ void tile_super(const uint8_t* grp, int nblk, const ActsRow* a, float* const* ds
     // it more I have not pinned down; the lines' L1 set (ldy * 4 is a multiple of 4 KiB for most
     // widths) is a guess that an ldy off the multiple did not confirm.
     prefetch_dst<R>(dst);
-    __m512 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    __m512 acc[S][R];
+    for (int s = 0; s < S; ++s)
+        for (int r = 0; r < R; ++r) acc[s][r] = _mm512_setzero_ps();
     for (int b0 = 0; b0 < nblk; b0 += per) {
-        __m512i total[R];
-        for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_si512();
+        __m512i total[S][R];
+        for (int s = 0; s < S; ++s)
+            for (int r = 0; r < R; ++r) total[s][r] = _mm512_setzero_si512();
         for (int j = 0; j < per; ++j) {
             const int b = b0 + j;
-            const uint8_t* rec = L::quants(grp, b);
-            if constexpr (R == 1) {
-                if (prefetches<R>()) prefetch_super_ahead<L>(grp, b, j, prefetch_bytes<R>());
-            } else if (prefetches<R>()) {
-                prefetch_ahead<FMT>(rec);
+            for (int s = 0; s < S; ++s) {
+                const uint8_t* grp = group(s);
+                const uint8_t* rec = L::quants(grp, b);
+                if constexpr (R == 1) {
+                    if (prefetches<R>()) prefetch_super_ahead<L>(grp, b, j, prefetch_bytes<R>());
+                } else if (prefetches<R>()) {
+                    prefetch_ahead<FMT>(rec);
+                }
+                __m512i isum[R];
+                block_sums<FMT, false, R>(rec, a, b * block, b, isum);
+                const __m512i f =
+                    _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(L::factors(grp, b, 0))));
+                for (int r = 0; r < R; ++r) total[s][r] = _mm512_add_epi32(total[s][r], _mm512_mullo_epi32(isum[r], f));
             }
-            __m512i isum[R];
-            block_sums<FMT, false, R>(rec, a, b * block, b, isum);
-            const __m512i f = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(L::factors(grp, b, 0))));
-            for (int r = 0; r < R; ++r) total[r] = _mm512_add_epi32(total[r], _mm512_mullo_epi32(isum[r], f));
         }
         const int sb = b0 / per;
-        __m512 d;
-        if constexpr (L::half_d) d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(L::halves(grp, b0, 0))));
-        else d = _mm512_load_ps(L::floats(grp, b0, 0));
-        for (int r = 0; r < R; ++r)
-            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(a[r].kd[sb])), _mm512_cvtepi32_ps(total[r]),
-                                     acc[r]);
-        if constexpr (MIN) {
-            // sum_j min factor_j * (sum of the block's activation q), two blocks per vpdpwssd.
-            const __m512i low16 = _mm512_set1_epi32(0xFFFF);
-            for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_si512();
-            for (int j = 0; j < per; j += 2) {
-                const auto factors = [&](int b) {
-                    return _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(L::factors(grp, b, 1))));
-                };
-                const __m512i pair = _mm512_or_si512(_mm512_and_si512(factors(b0 + j), low16),
-                                                     _mm512_slli_epi32(factors(b0 + j + 1), 16));
-                for (int r = 0; r < R; ++r) {
-                    const int16_t* sums = (block == 32 ? a[r].kp32 : a[r].kp16) + b0 + j;
-                    total[r] = _mm512_dpwssd_epi32(total[r], pair, _mm512_set1_epi32(load_i32(sums)));
-                }
-            }
-            const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(L::halves(grp, b0, 1))));
+        for (int s = 0; s < S; ++s) {
+            const uint8_t* grp = group(s);
+            __m512 d;
+            if constexpr (L::half_d) d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(L::halves(grp, b0, 0))));
+            else d = _mm512_load_ps(L::floats(grp, b0, 0));
             for (int r = 0; r < R; ++r)
-                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dmin, _mm512_set1_ps(a[r].kd[sb])), _mm512_cvtepi32_ps(total[r]), acc[r]);
+                acc[s][r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(a[r].kd[sb])), _mm512_cvtepi32_ps(total[s][r]),
+                                            acc[s][r]);
+            if constexpr (MIN) {
+                // sum_j min factor_j * (sum of the block's activation q), two blocks per vpdpwssd.
+                const __m512i low16 = _mm512_set1_epi32(0xFFFF);
+                __m512i mins[R];
+                for (int r = 0; r < R; ++r) mins[r] = _mm512_setzero_si512();
+                for (int j = 0; j < per; j += 2) {
+                    const auto factors = [&](int b) {
+                        return _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(L::factors(grp, b, 1))));
+                    };
+                    const __m512i pair = _mm512_or_si512(_mm512_and_si512(factors(b0 + j), low16),
+                                                         _mm512_slli_epi32(factors(b0 + j + 1), 16));
+                    for (int r = 0; r < R; ++r) {
+                        const int16_t* sums = (block == 32 ? a[r].kp32 : a[r].kp16) + b0 + j;
+                        mins[r] = _mm512_dpwssd_epi32(mins[r], pair, _mm512_set1_epi32(load_i32(sums)));
+                    }
+                }
+                const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(L::halves(grp, b0, 1))));
+                for (int r = 0; r < R; ++r)
+                    acc[s][r] = _mm512_fmadd_ps(_mm512_mul_ps(dmin, _mm512_set1_ps(a[r].kd[sb])), _mm512_cvtepi32_ps(mins[r]),
+                                                acc[s][r]);
+            }
         }
     }
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(dst[r], acc[r]);
+    for (int s = 0; s < S; ++s)
+        for (int r = 0; r < R; ++r) _mm512_storeu_ps(dst[r] + kGroup * s, acc[s][r]);
+}
+
+// The block formats (records of one block each): S groups side by side as tile_super's.
+template <int FMT, bool MIN, bool ZERO8, int R, int S = 1>
+void tile_blocks(const uint8_t* grp0, size_t stride, int nblk, const ActsRow* a, float* const* dst) {
+    static_assert(S == 1 || R == 1, "several groups side by side for one row only");
+    using L = Blocks<FMT, MIN, false>;
+    constexpr int block = Fmt<FMT>::block;
+    prefetch_dst<R>(dst);
+    __m512 acc[S][R];
+    for (int s = 0; s < S; ++s)
+        for (int r = 0; r < R; ++r) acc[s][r] = _mm512_setzero_ps();
+    for (int b = 0; b < nblk; ++b) {
+        const int kb = b * block;
+        for (int s = 0; s < S; ++s) {
+            const uint8_t* grp = grp0 + size_t(s) * stride;
+            __m512i isum[R];
+            const uint8_t* rec = L::quants(grp, b);
+            if (prefetches<R>()) prefetch_ahead<FMT>(rec, prefetch_bytes<R>());
+            block_sums<FMT, ZERO8, R>(rec, a, kb, b, isum);
+            const __m512 scale = scales16<FMT, MIN, false>(grp, b, 0);
+            for (int r = 0; r < R; ++r) {
+                const __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(a[r].d[kb / kActBlock]));
+                acc[s][r] = _mm512_fmadd_ps(sd, _mm512_cvtepi32_ps(isum[r]), acc[s][r]);
+            }
+            if constexpr (MIN) {
+                const __m512 mins = scales16<FMT, MIN, false>(grp, b, 1);
+                for (int r = 0; r < R; ++r)
+                    acc[s][r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(min_term<FMT>(a[r], b)), acc[s][r]);
+            }
+        }
+    }
+    for (int s = 0; s < S; ++s)
+        for (int r = 0; r < R; ++r) _mm512_storeu_ps(dst[r] + kGroup * s, acc[s][r]);
 }
 
 template <int FMT, bool MIN, bool ZERO8, bool SUP, int R>
 void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst, const void*) {
-    if constexpr (SUP) {
-        tile_super<FMT, MIN, R>(grp, nblk, a, dst);
-        return;
-    }
-    constexpr int block = Fmt<FMT>::block;
-    prefetch_dst<R>(dst);
-    __m512 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    for (int b = 0; b < nblk; ++b) {
-        const int kb = b * block;
-        __m512i isum[R];
-        const uint8_t* rec = Blocks<FMT, MIN, SUP>::quants(grp, b);
-        if (prefetches<R>()) prefetch_ahead<FMT>(rec, prefetch_bytes<R>());
-        block_sums<FMT, ZERO8, R>(rec, a, kb, b, isum);
-        const __m512 scale = scales16<FMT, MIN, SUP>(grp, b, 0);
-        for (int r = 0; r < R; ++r) {
-            const __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(a[r].d[kb / kActBlock]));
-            acc[r] = _mm512_fmadd_ps(sd, _mm512_cvtepi32_ps(isum[r]), acc[r]);
-        }
-        if constexpr (MIN) {
-            const __m512 mins = scales16<FMT, MIN, SUP>(grp, b, 1);
-            for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(min_term<FMT>(a[r], b)), acc[r]);
-        }
-    }
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(dst[r], acc[r]);
+    if constexpr (SUP) tile_super<FMT, MIN, R>(grp, 0, nblk, a, dst);
+    else tile_blocks<FMT, MIN, ZERO8, R>(grp, 0, nblk, a, dst);
+}
+
+// One row over kStreamGroups groups of columns side by side, `stride` bytes apart, writing
+// y[0 .. 16 * kStreamGroups).
+template <int FMT, bool MIN, bool ZERO8, bool SUP>
+constexpr StreamsFn one_row_groups() {
+    return [](const uint8_t* grp0, size_t stride, int nblk, const ActsRow* a, float* y) {
+        float* const dst[1] = {y};
+        if constexpr (SUP) tile_super<FMT, MIN, 1, kStreamGroups>(grp0, stride, nblk, a, dst);
+        else tile_blocks<FMT, MIN, ZERO8, 1, kStreamGroups>(grp0, stride, nblk, a, dst);
+    };
 }
 
 #elif defined(LP_ISA_AVX2)
@@ -571,6 +617,10 @@ void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst, con
     }
 }
 
+// Only the AVX-512 build reads groups side by side.
+template <int FMT, bool MIN, bool ZERO8, bool SUP>
+constexpr StreamsFn one_row_groups() { return nullptr; }
+
 #else
 
 constexpr int kRowTile = 1;
@@ -654,6 +704,10 @@ void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst, con
     std::memcpy(dst[0], acc, sizeof acc);
 }
 
+// Only the AVX-512 build reads groups side by side.
+template <int FMT, bool MIN, bool ZERO8, bool SUP>
+constexpr StreamsFn one_row_groups() { return nullptr; }
+
 #endif
 
 // -- driver ------------------------------------------------------------------------------------
@@ -678,11 +732,13 @@ struct GroupKernel {
     GroupFn fn;
     PrepareFn prepare;
     size_t (*group_bytes)(int k);
+    StreamsFn streams;  // one row over kStreamGroups groups side by side, or null
 };
 
 template <int FMT, bool MIN, bool ZERO8 = false, bool SUP = false>
 constexpr GroupKernel kernel() {
-    return {group_rows<FMT, MIN, ZERO8, SUP>, prepare<FMT, MIN, SUP>, Blocks<FMT, MIN, SUP>::group_bytes};
+    return {group_rows<FMT, MIN, ZERO8, SUP>, prepare<FMT, MIN, SUP>, Blocks<FMT, MIN, SUP>::group_bytes,
+            one_row_groups<FMT, MIN, ZERO8, SUP>()};
 }
 
 template <int FMT>
@@ -781,7 +837,12 @@ void qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y,
     for (int32_t rb = 0; rb < n_rows; rb += row_block) {
         const int32_t rb_end = std::min(n_rows, rb + row_block);
         const ActsRow* rows = rows_of(acts, row_bytes, w->k, flags & LP_FLAG_SUPER, rb, rb_end);
-        for (int32_t c0 = col_begin; c0 < col_end; c0 += kGroup)
+        int32_t c0 = col_begin;
+        if (n_rows == 1 && one_row_streams > 1 && kern.streams != nullptr)
+            for (; c0 + kGroup * kStreamGroups <= col_end; c0 += kGroup * kStreamGroups)
+                kern.streams(w->data + LP_HEADER_BYTES + size_t(c0 / kGroup) * stride, stride, nblk, rows,
+                             y + (c0 - y_col0));
+        for (; c0 < col_end; c0 += kGroup)
             run_group(kern, w->data + LP_HEADER_BYTES + size_t(c0 / kGroup) * stride, nblk, rows, rb, rb_end,
                       y + (c0 - y_col0), ldy, c0, std::min(kGroup, col_end - c0));
     }
@@ -806,6 +867,13 @@ int32_t lp_qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, flo
         lp::qmatmul(w, acts, n_rows, y, ldy, col_begin, col_end);
         return (int32_t)LP_OK;
     });
+}
+
+int32_t lp_set_one_row_streams(int32_t groups) {
+    const int32_t was = one_row_streams;
+    constexpr bool side_by_side = one_row_groups<LP_W4, false, false, false>() != nullptr;
+    one_row_streams = side_by_side && groups >= kStreamGroups ? kStreamGroups : 1;
+    return was;
 }
 
 int32_t lp_qweight_col_align(int32_t) { return kGroup; }

@@ -63,6 +63,11 @@ sizes acts (n_rows rows of lp_qacts_row_bytes(k)) and y. */
 // and keeps the fastest. Prefetching changes no result. Returns the previous distance.
 #define LP_MAX_ONE_ROW_PREFETCH 65536
 int32_t lp_set_one_row_prefetch(int32_t bytes);
+// How many groups of columns one-row tiles read side by side: each group is one stream of memory,
+// and on some CPUs a core reads several streams at once faster than one. 1 until set; a build
+// with side-by-side tiles (AVX-512) keeps LP_STREAM_GROUPS (4) for any groups >= that, every
+// other value and build 1. Changes no result. Returns the previous setting.
+int32_t lp_set_one_row_streams(int32_t groups);
 
 int32_t lp_qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y, int64_t ldy,
                    int32_t col_begin, int32_t col_end);
