@@ -37,7 +37,8 @@ void attend_rows(const LpConfig& c, const float* q, const float* keys, const flo
 // attend_rows over an fp16 pool read in place: the KV head's key and value rows from k_head and
 // v_head, row j at slots[j]. The same bits as converting them first. False (nothing computed)
 // where the build cannot (reads_fp16_in_place). `prefetch`: ask for the rows ahead of the reads,
-// for a decode row, whose keys and values are in no cache (speed only; attention.cpp's kAheadBytes).
+// for a decode row, whose keys and values are in no cache, or a row of a chunk too short to
+// transpose its keys (forward.cpp's kTransposeMinRows) (speed only; attention.cpp's kAheadBytes).
 bool attend_rows_in_place(const LpConfig& c, const float* q, const uint16_t* k_head, const uint16_t* v_head,
                           const int64_t* slots, int64_t n, const float* sinks, float* out, std::vector<float>& scratch,
                           bool prefetch);

@@ -214,6 +214,17 @@ bool alone_in_chunk(const LpBatch& b, int r) {
            (r + 1 == b.n_rows || b.key_offsets[r + 1] != b.key_offsets[r]);
 }
 
+// The fewest rows of a chunk for which the AVX-512 builds transpose its keys once
+// (transpose_keys) for the rows to score against; a shorter chunk's rows read the pool in place
+// as decode rows do (the same bits either way). Transposing costs a pass over every key, which
+// a few rows do not win back: steps of one sequence's n-row chunk (a speculative verification)
+// on an Intel Xeon (family 6 model 167), in place against transposed, SmolLM2 at context 608:
+// 2 rows 7.1 ms against 9.0, 8 rows 11.2 against 12.8, 16 rows 18.8 against 19.2, 25 rows 28.0
+// against 27.3; at context 2000: 2 rows 9.7 against 14.8, 16 rows 34.7 against 35.3, 24 rows
+// 50.1 against 47.4; random 1B Q4_K_M at 608: 2 rows 32.0 against 34.7, 16 rows the same. Those
+// rows prefetch their keys as a decode row does (2-4% of such steps).
+constexpr int kTransposeMinRows = 16;
+
 void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const LpKV& kv, const float* qkv, int n_qkv,
                float* attn) {
     const LpConfig& c = config_of(m, layer);
@@ -232,7 +243,7 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
     for (int r = 0; r < T && (!in_place || transposed);) {
         int end = r + 1;
         while (end < T && b.key_offsets[end] == b.key_offsets[r]) end++;
-        if (end - r > 1) {
+        if (end - r > 1 && (!transposed || end - r >= kTransposeMinRows)) {
             SharedKeys sk;
             sk.first_row = r, sk.n_rows = end - r;
             sk.lo = INT64_MAX, sk.hi = 0;
@@ -294,7 +305,7 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
             return;
         }
         if (in_place && lp::attend_rows_in_place(c, q, head_rows(kv.k[li], g, dk), head_rows(kv.v[li], g, dv), slots,
-                                                 kr.n, sinks, out, scratch, alone_in_chunk(b, r)))
+                                                 kr.n, sinks, out, scratch, transposed || alone_in_chunk(b, r)))
             return;
         float* keys = grow(m.thread_scratch[2 * thread + 1], (size_t)kr.n * (dk + dv));
         lp::load_rows(kv.k[li], kv.k_type, (int64_t)g * kv.pool_tokens * dk, slots, kr.n, dk, keys);
