@@ -128,9 +128,15 @@ def test_the_real_timing_runs_a_model(tmp_path, monkeypatch):
     runner = NativeRunner(model.spec, lib)
     monkeypatch.setattr(prefetch, "_chosen", {})
     choices = prefetch.choices_of(lib)
+    steps, step = [], runner.step
+    monkeypatch.setattr(runner, "step", lambda *args: steps.append(1) or step(*args))
     times = prefetch._step_times(runner, choices)
     assert sorted(times) == sorted(choices)
     assert all(len(ts) == prefetch.ROUNDS and all(t > 0 for t in ts) for ts in times.values())
+    # a tiny model's step is far under SAMPLE_SECONDS: each timed sample is the mean of several
+    slowest = max(max(ts) for ts in times.values())
+    assert slowest < prefetch.SAMPLE_SECONDS / 4
+    assert len(steps) >= len(choices) * (1 + prefetch.ROUNDS * 3)
     chosen = prefetch.choose_one_row_reads(runner)
     assert chosen in choices and prefetch._chosen == {lib._handle: chosen}
     assert prefetch.current(lib) == chosen

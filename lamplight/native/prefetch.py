@@ -27,6 +27,7 @@ type, numpy like all its steps): loading needs no torch.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from typing import NamedTuple
@@ -49,7 +50,11 @@ STREAMS = (1, 4)  # one group at a time, or 4 side by side
 # Every combination; the first of a tie wins, so one stream and no prefetch before any other.
 CHOICES = tuple(OneRowReads(streams, distance) for streams in STREAMS for distance in DISTANCES)
 PLAIN = CHOICES[0]
-ROUNDS = 4  # timed steps of each choice, after one untimed round (first-touch page faults)
+ROUNDS = 4  # timed samples of each choice, after one untimed round (first-touch page faults)
+# A sample's steps take at least this long: one step of a small model (4 ms for SmolLM2) is
+# within the noise of its neighbours, and a median of 4 such picked a choice 10% slower than the
+# best when another process was loading beside it.
+SAMPLE_SECONDS = 0.025
 
 _chosen: dict[int, OneRowReads] = {}  # by library handle: the choice made
 
@@ -111,13 +116,20 @@ def describe(reads: OneRowReads | None) -> str:
 
 
 def _step_times(runner, choices) -> dict[OneRowReads, list[float]]:
+    """Seconds a step takes with each choice: ROUNDS samples, each the mean of enough steps to
+    fill SAMPLE_SECONDS at the untimed round's fastest step."""
     state, chunk = runner.new_state(1, runner.default_cache_type), [SequenceChunk([0], 0, range(1))]
     times: dict[OneRowReads, list[float]] = {choice: [] for choice in choices}
+    steps = 1
     for round_ in range(ROUNDS + 1):
         for choice in choices[::-1] if round_ % 2 else choices:
             apply(runner.lib, choice)
             start = time.perf_counter()
-            runner.step(chunk, state)
+            for _ in range(steps):
+                runner.step(chunk, state)
+            seconds = (time.perf_counter() - start) / steps
             if round_:
-                times[choice].append(time.perf_counter() - start)
+                times[choice].append(seconds)
+            else:
+                steps = max(steps, math.ceil(SAMPLE_SECONDS / max(seconds, 1e-6)))
     return times
