@@ -117,7 +117,10 @@ constexpr int kPrefetchBytes = LP_PREFETCH_BYTES;
 int one_row_prefetch_bytes = 0;
 
 // How many groups of columns a one-row pass reads side by side (1, or kStreamGroups where the
-// build has one_row_groups): lp_set_one_row_streams.
+// build has one_row_groups): lp_set_one_row_streams. Each group is a stream of memory of its own,
+// and a core with several in flight reads faster than with one (the hardware prefetchers follow
+// each). One-token steps of the random 1B Q4_K_M file on an Intel Xeon (family 6 model 167), at
+// each one's best prefetch distance: one group 25.3 ms, 2 side by side 23.8, 4 23.3, 8 23.8.
 #ifndef LP_STREAM_GROUPS
 #define LP_STREAM_GROUPS 4
 #endif
@@ -838,6 +841,8 @@ void qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y,
         const int32_t rb_end = std::min(n_rows, rb + row_block);
         const ActsRow* rows = rows_of(acts, row_bytes, w->k, flags & LP_FLAG_SUPER, rb, rb_end);
         int32_t c0 = col_begin;
+        // A decode row: whole sets of kStreamGroups groups side by side where chosen, then the
+        // rest (and a last group narrower than 16 columns) one group at a time.
         if (n_rows == 1 && one_row_streams > 1 && kern.streams != nullptr)
             for (; c0 + kGroup * kStreamGroups <= col_end; c0 += kGroup * kStreamGroups)
                 kern.streams(w->data + LP_HEADER_BYTES + size_t(c0 / kGroup) * stride, stride, nblk, rows,
