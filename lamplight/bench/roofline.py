@@ -157,6 +157,7 @@ class Roofline:
         return {
             "bytes_per_token": self.bytes,
             "bandwidth_probe": f"best of {PROBE_PASSES} passes over {PROBE_BYTES >> 20} MiB with every core, "
+                               f"each read as one stream and as 4 interleaved streams a core, "
                                f"before and after each request",
             "bandwidth_gbps": {"min": min(spread), "median": statistics.median(spread), "max": max(spread)}
             if spread else None,
