@@ -15,7 +15,9 @@ core streams memory depends on the CPU's prefetchers, so two things are chosen b
   reading 4 at once keeps more of them in flight. On that Xeon a plain read of 512 MiB with 2
   threads ran at 27 GB/s as one stream a thread and 31 GB/s as 4 interleaved streams of 18.5 KiB
   (a 1B group's length), and one-token steps ran 1B 25.4 -> 23.4 ms, 3B 68.3 -> 60.6 ms,
-  SmolLM2 Q4_1 4.33 -> 3.87 ms (each with its best distance). Gemma 3 270M ran no faster.
+  SmolLM2 Q4_1 4.33 -> 3.87 ms (each with its best distance), with the 4 groups next to each
+  other; read as 4 long runs of a thread's groups (qmatmul.cpp), the 1B file 22.7 ms. Gemma 3
+  270M ran no faster.
 
 So the first model loaded on the native kernels runs a few one-token steps with each of CHOICES
 the library has, alternated, and keeps the fastest. Neither setting changes a result, only speed:
