@@ -10,9 +10,9 @@ core streams memory depends on the CPU's prefetchers, so two things are chosen b
   model 167) 2 KiB ahead ran 1.2x faster than none (26.7-27.1 ms against 32.7; 1 and 1.5 KiB the
   same, 3 KiB 28.2 ms) and 6 KiB 1.2x slower (38.7 ms); the 3B file there: 69.5 ms at 2 KiB,
   85.8 without, 105.4 at 6 KiB.
-- **How many groups of columns a thread reads side by side** (lp_set_one_row_streams: 1, or 4
-  where the build has the side-by-side tiles). Each group of 16 columns is one stream of memory;
-  reading 4 at once keeps more of them in flight. On that Xeon a plain read of 512 MiB with 2
+- **How many streams of memory a thread reads side by side** (lp_set_one_row_streams: 1, or 4
+  where the build has the side-by-side tiles): a column range read as 4 runs of groups of 16
+  columns at once keeps more streams in flight. On that Xeon a plain read of 512 MiB with 2
   threads ran at 27 GB/s as one stream a thread and 31 GB/s as 4 interleaved streams of 18.5 KiB
   (a 1B group's length), and one-token steps ran 1B 25.4 -> 23.4 ms, 3B 68.3 -> 60.6 ms,
   SmolLM2 Q4_1 4.33 -> 3.87 ms (each with its best distance), with the 4 groups next to each
@@ -42,7 +42,7 @@ log = logging.getLogger("lamplight")
 class OneRowReads(NamedTuple):
     """How a decode row reads its weights."""
 
-    streams: int  # groups of columns a thread reads side by side
+    streams: int  # runs of column groups a thread reads side by side
     distance: int  # bytes ahead the tiles prefetch (0: no prefetch)
 
 
@@ -108,11 +108,9 @@ def choose_one_row_reads(runner) -> OneRowReads | None:
     return chosen
 
 
-def describe(reads: OneRowReads | None) -> str:
+def describe(reads: OneRowReads) -> str:
     """How a choice reads in the log and the kernels line: 'read 4 column groups at once, prefetch
     2 KiB ahead', 'prefetch not at all'."""
-    if reads is None:
-        return "prefetch not at all"
     ahead = f"prefetch {reads.distance / 1024:g} KiB ahead" if reads.distance else "prefetch not at all"
     return f"read {reads.streams} column groups at once, {ahead}" if reads.streams > 1 else ahead
 

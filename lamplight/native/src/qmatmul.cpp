@@ -117,10 +117,12 @@ constexpr int kPrefetchBytes = LP_PREFETCH_BYTES;
 int one_row_prefetch_bytes = 0;
 
 // How many groups of columns a one-row pass reads side by side (1, or kStreamGroups where the
-// build has one_row_groups): lp_set_one_row_streams. Each group is a stream of memory of its own,
-// and a core with several in flight reads faster than with one (the hardware prefetchers follow
-// each). One-token steps of the random 1B Q4_K_M file on an Intel Xeon (family 6 model 167), at
-// each one's best prefetch distance: one group 25.3 ms, 2 side by side 23.8, 4 23.3, 8 23.8.
+// build has one_row_groups): lp_set_one_row_streams. The driver (qmatmul) splits a column range
+// into that many runs of groups and reads the runs side by side, each a stream of memory of its
+// own: a core with several in flight reads faster than with one (the hardware prefetchers
+// follow each). One-token steps of the random 1B Q4_K_M file on an Intel Xeon (family 6 model
+// 167), at each one's best prefetch distance, with neighbouring groups side by side (before the
+// runs): one group 25.3 ms, 2 side by side 23.8, 4 23.3, 8 23.8.
 #ifndef LP_STREAM_GROUPS
 #define LP_STREAM_GROUPS 4
 #endif
@@ -623,10 +625,6 @@ void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst, con
     }
 }
 
-// Only the AVX-512 build reads groups side by side.
-template <int FMT, bool MIN, bool ZERO8, bool SUP>
-constexpr StreamsFn one_row_groups() { return nullptr; }
-
 #else
 
 constexpr int kRowTile = 1;
@@ -710,10 +708,12 @@ void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst, con
     std::memcpy(dst[0], acc, sizeof acc);
 }
 
+#endif
+
+#if !defined(LP_ISA_AVX512VNNI)
 // Only the AVX-512 build reads groups side by side.
 template <int FMT, bool MIN, bool ZERO8, bool SUP>
 constexpr StreamsFn one_row_groups() { return nullptr; }
-
 #endif
 
 // -- driver ------------------------------------------------------------------------------------
