@@ -290,6 +290,37 @@ def test_builds_agree_bit_for_bit(kernels, qtype):
         assert torch.equal(y_v.view(torch.int32), y.view(torch.int32)), variant
 
 
+def _extreme_info(qtype, n: int, k: int) -> TensorInfo:
+    """Blocks whose every quant is at the end of its range that gives the largest integer sums
+    (Q4_K nibbles 15, Q5_K 31, Q6_K -32), with the largest factors."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    blocks = np.full((n * k // block, size), 0xFF, dtype=np.uint8)
+    if qtype == Q.Q6_K:
+        blocks[:, :192] = 0  # ql and qh 0: q = -32
+        blocks[:, 192:208] = np.array([127, 128] * 8, dtype=np.uint8)  # factors 127 and -128
+    for offset in FP16_OFFSETS[qtype]:
+        blocks[:, offset:offset + 2] = np.array([0.01], dtype=np.float16).view(np.uint8)
+    return TensorInfo(f"extreme {qtype.name}", qtype, (n, k), blocks.reshape(n, -1))
+
+
+@pytest.mark.parametrize("qtype", (Q.Q4_K, Q.Q5_K, Q.Q6_K), ids=lambda t: t.name)
+def test_k_quant_sums_are_exact_at_the_ends_of_their_ranges(kernels, qtype):
+    """The AVX-512 tiles multiply each half-block's integer sum by its factor as an int16
+    (vpdpwssd): activations all +-127 against weights at their extreme give the largest sums a
+    half can hold (Q4_K 16 * 15 * 127, Q6_K 8 * 32 * 127), which must stay exact."""
+    packed = pack(_extreme_info(qtype, 32, 512))
+    w = dequantize_packed(packed).astype(np.float64)
+    x = torch.ones(4, 512)
+    x[1] = -1
+    x[2, ::2] = -1
+    x[3] = torch.randn(512)
+    expected = _acts_per(x, 256) @ w.T
+    for variant, k in kernels.items():
+        y = k.matmul(packed, x).double().numpy()
+        err = np.abs(y - expected).max() / np.abs(expected).max()
+        assert err < 1e-6, (variant, err)
+
+
 def test_non_finite_activations_give_nan(kernels):
     packed = pack(random_info(Q.Q8_0, 16, 64))
     x = torch.ones(2, 64)

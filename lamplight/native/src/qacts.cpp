@@ -15,7 +15,7 @@ size_t block32_bytes(int k) { return 2 * size_t(k) + size_t(k / kActBlock) * 4 *
 
 size_t acts_used_bytes(int k) {
     return block32_bytes(k) + 2 * size_t(k) + size_t(k / kSuper) * 4 + size_t(k / 16) * 4 + size_t(k / 16) * 2 +
-           size_t(k / 32) * 2;
+           size_t(k / 32) * 2 + size_t(k / 8) * 4;
 }
 
 }  // namespace
@@ -30,8 +30,9 @@ ActsRow acts_row(const uint8_t* base, int k) {
     const float* kd = reinterpret_cast<const float*>(super + 2 * size_t(k));
     const int32_t* ksum16 = reinterpret_cast<const int32_t*>(kd + k / kSuper);
     const int16_t* kp16 = reinterpret_cast<const int16_t*>(ksum16 + k / 16);
+    const int32_t* km32s8 = reinterpret_cast<const int32_t*>(kp16 + k / 16 + k / 32);
     return {reinterpret_cast<const int8_t*>(base), base + k, d, d + nb, d + 2 * nb, sum, sum + nb,
-            reinterpret_cast<const int8_t*>(super), super + k, kd, ksum16, kp16, kp16 + k / 16};
+            reinterpret_cast<const int8_t*>(super), super + k, kd, ksum16, kp16, kp16 + k / 16, km32s8};
 }
 
 ActsRow super_view(const ActsRow& a) {
@@ -188,6 +189,7 @@ void quantize_super(const float* x, int k, uint8_t* out, int sb_begin, int sb_en
     int32_t* ksum16 = reinterpret_cast<int32_t*>(kd + k / kSuper);
     int16_t* kp16 = reinterpret_cast<int16_t*>(ksum16 + k / 16);
     int16_t* kp32 = kp16 + k / 16;
+    int32_t* km32s8 = reinterpret_cast<int32_t*>(kp32 + k / 32);
     constexpr int per = kSuper / kActBlock;
     for (int sb = sb_begin; sb < sb_end; ++sb) {
         int32_t halves[per][2];
@@ -198,6 +200,11 @@ void quantize_super(const float* x, int k, uint8_t* out, int sb_begin, int sb_en
             ksum16[2 * b] = halves[j][0], ksum16[2 * b + 1] = halves[j][1];
             kp16[2 * b] = int16_t(halves[j][0]), kp16[2 * b + 1] = int16_t(halves[j][1]);
             kp32[b] = int16_t(halves[j][0] + halves[j][1]);
+        }
+        for (int e = sb * kSuper / 8; e < (sb + 1) * kSuper / 8; ++e) {
+            int32_t sum8 = 0;
+            for (int i = 0; i < 8; ++i) sum8 += kq[8 * e + i];
+            km32s8[e] = -32 * sum8;
         }
     }
 }

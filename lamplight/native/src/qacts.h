@@ -39,7 +39,8 @@ constexpr int kSuper = 256;    // values per super-block (the k-quants' scales, 
 // then the same per super-block of 256 (FLAG_SUPER: the k-quants, as llama.cpp's Q8_K):
 //   kq, kqu int8/uint8[k], kd float[ns], ksum16 int32[k/16] (LP_W6's -32 * sum), and kp16
 //   int16[k/16], kp32 int16[k/32]: the blocks' sums as int16 (|sum| <= 32 * 127), two adjacent
-//   blocks' read as one int32 pair (the mins' term).
+//   blocks' read as one int32 pair (the mins' term), and km32s8 int32[k/8]: -32 * the sum of
+//   each 8 q (where the AVX-512 LP_W6 tiles start each half-block's integer sum).
 struct ActsRow {
     const int8_t* q;
     const uint8_t* qu;
@@ -55,6 +56,7 @@ struct ActsRow {
     const int32_t* ksum16;
     const int16_t* kp16;
     const int16_t* kp32;
+    const int32_t* km32s8;
 };
 
 // One row's bytes (a multiple of 64: rows stay line-aligned).
