@@ -226,7 +226,9 @@ inline __m256 sums_of_eight(__m512 p0, __m512 p1, __m512 p2, __m512 p3) {
 template <int H, class Rows>
 void score_keys_heads16(const float* const* q, const Rows& keys, int64_t n, int d, float scale, float* const* scores,
                         const Rows& values, bool prefetch) {
-    constexpr int J = H == 1 ? 16 : 8, P = J / 2;
+    // Keys a block: H * J / 2 accumulators, J / 2 key vectors and a query vector fit in the 32
+    // registers (the rows of a chunk scored together, attend_chunk_rows_in_place, bring up to 8 heads).
+    constexpr int J = H == 1 ? 16 : H <= 6 ? 8 : 4, P = J / 2;
     const __m256 scale8 = _mm256_set1_ps(scale);
     const int64_t ahead = rows_ahead<Rows>(d);
     if (prefetch) prefetch_first(keys, n, ahead);
@@ -316,7 +318,7 @@ struct Lanes8 {
 struct Lanes16 {
     using V = __m512;
     static constexpr int n = 16;
-    template <int H> static constexpr int pass = H == 1 ? 128 : 64;
+    template <int H> static constexpr int pass = H == 1 ? 128 : H <= 4 ? 64 : 32;
     static V zero() { return _mm512_setzero_ps(); }
     static V set1(float x) { return _mm512_set1_ps(x); }
     static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
@@ -331,15 +333,19 @@ using ValueLanes = Lanes8;
 // weigh_values for H heads at once: Lanes::pass<H> values of d a pass, then Lanes::n at a time,
 // then one by one; each output value is the same chain of fmas in key order whatever the width
 // (weigh_values' bits), and the heads share each value's loads.
+// Head h weighs the values of its first n[h] keys (the rows of a chunk attend to different
+// numbers): the heads share the loads of the keys they all have, then each goes on alone, its
+// chains unbroken.
 template <int H, class Lanes, class Rows>
-void weigh_values_heads(const float* const* p, const Rows& values, int64_t n, int d, const float* inv_sum,
+void weigh_values_heads(const float* const* p, const Rows& values, const int64_t* n, int d, const float* inv_sum,
                         float* const* out) {
+    const int64_t shared = *std::min_element(n, n + H);
     auto pass = [&](auto width, int i0) {
         constexpr int L = decltype(width)::value / Lanes::n;
         typename Lanes::V a[H][L];
         for (int h = 0; h < H; h++)
             for (int l = 0; l < L; l++) a[h][l] = Lanes::zero();
-        for (int64_t j = 0; j < n; j++) {
+        for (int64_t j = 0; j < shared; j++) {
             const typename Rows::T* v = values.row(j) + i0;
             typename Lanes::V w[H];
             for (int h = 0; h < H; h++) w[h] = Lanes::set1(p[h][j]);
@@ -349,6 +355,10 @@ void weigh_values_heads(const float* const* p, const Rows& values, int64_t n, in
             }
         }
         for (int h = 0; h < H; h++)
+            for (int64_t j = shared; j < n[h]; j++)
+                for (int l = 0; l < L; l++)
+                    a[h][l] = Lanes::fma(Lanes::set1(p[h][j]), Lanes::template load<Rows>(values.row(j) + i0 + Lanes::n * l), a[h][l]);
+        for (int h = 0; h < H; h++)
             for (int l = 0; l < L; l++) Lanes::store(out[h] + i0 + Lanes::n * l, a[h][l], inv_sum[h]);
     };
     constexpr int W = Lanes::template pass<H>;
@@ -357,7 +367,7 @@ void weigh_values_heads(const float* const* p, const Rows& values, int64_t n, in
     for (; i0 + Lanes::n <= d; i0 += Lanes::n) pass(std::integral_constant<int, Lanes::n>(), i0);
     for (int h = 0; h < H && i0 < d; h++) {
         float acc[Lanes::n] = {0};
-        for (int64_t j = 0; j < n; j++)
+        for (int64_t j = 0; j < n[h]; j++)
             for (int i = i0; i < d; i++) acc[i - i0] = std::fma(p[h][j], Rows::at(values.row(j), i), acc[i - i0]);
         for (int i = i0; i < d; i++) out[h][i] = acc[i - i0] * inv_sum[h];
     }
@@ -381,8 +391,9 @@ void attend_heads(const LpConfig& c, const float* q, int64_t n, int64_t stride, 
         float inv[H];
         for (int h = 0; h < H; h++) qs[h] = q + (int64_t)(i + h) * dk, ss[h] = scores + (i + h) * stride, outs[h] = out + (int64_t)(i + h) * dv;
         score(heads, i, qs, ss);
-        for (int h = 0; h < H; h++) ss[h] += offset, inv[h] = softmax_scores(c, ss[h], n, sinks ? sinks + i + h : nullptr);
-        weigh_values_heads<H, ValueLanes>(ss, values, n, dv, inv, outs);
+        int64_t ns[H];
+        for (int h = 0; h < H; h++) ss[h] += offset, inv[h] = softmax_scores(c, ss[h], n, sinks ? sinks + i + h : nullptr), ns[h] = n;
+        weigh_values_heads<H, ValueLanes>(ss, values, ns, dv, inv, outs);
     });
 }
 
@@ -400,6 +411,33 @@ void attend_rows_in(const LpConfig& c, const float* q, const Rows& keys, const R
         score_keys_heads<H>(qs, keys, n, c.head_dim_k, c.attn_scale, ss, values, prefetch && i == 0);
 #endif
     });
+}
+#endif
+
+#if defined(__AVX512F__)
+// attend_chunk_rows_in_place for H = rows * group heads: every (row, query head) a head of its
+// own, scored against the longest row's keys (a key's score is its own, so the shorter rows'
+// extra scores are never read), its softmax and values over its own row's keys.
+template <int H>
+void attend_chunk_heads(const lp::LpChunkRows& rows, const F16PoolRows& keys, const F16PoolRows& values,
+                        vector<float>& scratch) {
+    const LpConfig& c = *rows.c;
+    const int group = c.n_heads / c.n_kv_heads;
+    const int64_t n_max = *std::max_element(rows.n, rows.n + rows.count);
+    float* scores = grow(scratch, (size_t)n_max * H);
+    const float* qs[H];
+    float* ss[H];
+    float* outs[H];
+    float inv[H];
+    int64_t ns[H];
+    for (int h = 0; h < H; h++) {
+        const int r = h / group, i = h % group;
+        qs[h] = rows.q[r] + (int64_t)i * c.head_dim_k, ss[h] = scores + h * n_max, outs[h] = rows.out[r] + (int64_t)i * c.head_dim_v;
+        ns[h] = rows.n[r];
+    }
+    score_keys_heads16<H>(qs, keys, n_max, c.head_dim_k, c.attn_scale, ss, values, rows.prefetch);
+    for (int h = 0; h < H; h++) inv[h] = softmax_scores(c, ss[h], ns[h], rows.sinks ? rows.sinks + h % group : nullptr);
+    weigh_values_heads<H, ValueLanes>(ss, values, ns, c.head_dim_v, inv, outs);
 }
 #endif
 
@@ -461,6 +499,26 @@ bool attend_rows_in_place(const LpConfig& c, const float* q, const uint16_t* k_h
 #endif
 }
 
+bool attend_chunk_rows_in_place(const LpChunkRows& rows, const uint16_t* k_head, const uint16_t* v_head,
+                                const int64_t* slots, std::vector<float>& scratch) {
+#if defined(__AVX512F__)
+    const LpConfig& c = *rows.c;
+    F16PoolRows keys{k_head, slots, c.head_dim_k, zero_halves}, values{v_head, slots, c.head_dim_v, zero_halves};
+    switch (rows.count * (c.n_heads / c.n_kv_heads)) {
+        case 2: attend_chunk_heads<2>(rows, keys, values, scratch); return true;
+        case 3: attend_chunk_heads<3>(rows, keys, values, scratch); return true;
+        case 4: attend_chunk_heads<4>(rows, keys, values, scratch); return true;
+        case 5: attend_chunk_heads<5>(rows, keys, values, scratch); return true;
+        case 6: attend_chunk_heads<6>(rows, keys, values, scratch); return true;
+        case 7: attend_chunk_heads<7>(rows, keys, values, scratch); return true;
+        case 8: attend_chunk_heads<8>(rows, keys, values, scratch); return true;
+        default: return false;
+    }
+#else
+    (void)rows, (void)k_head, (void)v_head, (void)slots, (void)scratch;
+    return false;
+#endif
+}
 
 void transpose_keys(const uint16_t* k_head, const int64_t* slots, int64_t n, int d, uint16_t* kt) {
     const int64_t padded = (int64_t)transposed_keys(n, d) / d;

@@ -43,6 +43,28 @@ bool attend_rows_in_place(const LpConfig& c, const float* q, const uint16_t* k_h
                           const int64_t* slots, int64_t n, const float* sinks, float* out, std::vector<float>& scratch,
                           bool prefetch);
 
+// Several rows of one chunk (one sequence's consecutive positions, the same first key) for one
+// KV head: row r's queries q[r] [group heads * head_dim_k] over its first n[r] keys, into out[r].
+struct LpChunkRows {
+    const LpConfig* c;
+    int count;  // rows
+    const float* const* q;
+    const int64_t* n;
+    float* const* out;
+    const float* sinks;  // the group's attention-sink logits, or null
+    bool prefetch;       // ask for the rows ahead, as attend_rows_in_place's `prefetch`
+};
+
+// The most rows attend_chunk_rows_in_place takes for a group of `group` query heads a KV head:
+// rows * group heads share each key's and value's loads, up to 8 (the registers' room).
+inline int chunk_rows_together(int group) { return group >= 8 ? 1 : 8 / group; }
+
+// attend_rows_in_place for the rows of a chunk at once, sharing the reads of their keys and
+// values: each row's result has the bits attend_rows_in_place gives it alone. False (nothing
+// computed) where the build cannot (AVX-512 ones can), or for more rows than chunk_rows_together.
+bool attend_chunk_rows_in_place(const LpChunkRows& rows, const uint16_t* k_head, const uint16_t* v_head,
+                                const int64_t* slots, std::vector<float>& scratch);
+
 // Whether attend_rows_transposed runs on this build (AVX-512 ones): the rows of a prompt chunk
 // over an fp16 pool then score against the chunk's keys transposed once (transpose_keys).
 #if defined(__AVX512F__)

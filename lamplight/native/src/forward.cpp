@@ -89,6 +89,7 @@ struct Model {
     vector<uint16_t> shared_kt;  // or their keys transposed (lp::scores_transposed)
     vector<SharedKeys> shared;
     vector<int> chunk_of;
+    vector<std::pair<int, int>> attention_tasks;  // (first row, rows) of each attention task
     // Mixture of experts: each row's experts and weights, the rows of each expert, outputs.
     vector<int> moe_selected;
     vector<float> moe_weights, moe_outputs, moe_x, moe_gate_up, moe_act, moe_y;
@@ -283,8 +284,23 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
     // Two buffers a thread; the pool can grow between steps (lp_set_threads), so compare with both.
     const size_t scratch_buffers = 2 * (size_t)lp::pool_threads();
     if (m.thread_scratch.size() < scratch_buffers) m.thread_scratch.resize(scratch_buffers);
-    lp::parallel_for((int64_t)T * H, [&](int64_t task, int thread) {
-        int r = (int)(task / H), g = (int)(task % H);
+    // Tasks of rows: a row alone, or up to lp::chunk_rows_together rows of a chunk read in place
+    // (too short to transpose), which share the reads of their keys and values.
+    vector<std::pair<int, int>>& tasks = m.attention_tasks;
+    tasks.clear();
+    const int together = in_place ? lp::chunk_rows_together(group) : 1;
+    for (int r = 0; r < T;) {
+        int count = 1;
+        if (together > 1 && chunk_of[r] < 0) {
+            const int64_t first = key_range(layer, b, r).first;
+            while (count < together && r + count < T && b.key_offsets[r + count] == b.key_offsets[r] &&
+                   chunk_of[r + count] < 0 && key_range(layer, b, r + count).first == first)
+                count++;
+        }
+        tasks.emplace_back(r, count);
+        r += count;
+    }
+    const auto one_row = [&](int r, int g, int thread) {
         KeyRange kr = key_range(layer, b, r);
         const float* q = qkv + (int64_t)r * n_qkv + (int64_t)g * group * dk;
         float* out = attn + r * n_attn + (int64_t)g * group * dv;
@@ -311,6 +327,28 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
         lp::load_rows(kv.k[li], kv.k_type, (int64_t)g * kv.pool_tokens * dk, slots, kr.n, dk, keys);
         lp::load_rows(kv.v[li], kv.v_type, (int64_t)g * kv.pool_tokens * dv, slots, kr.n, dv, keys + kr.n * dk);
         lp::attend_rows(c, q, keys, keys + kr.n * dk, kr.n, sinks, out, scratch);
+    };
+    lp::parallel_for((int64_t)tasks.size() * H, [&](int64_t task, int thread) {
+        const auto [first_row, count] = tasks[task / H];
+        const int g = (int)(task % H);
+        if (count > 1) {
+            const float* qs[8];
+            float* outs[8];
+            int64_t ns[8];
+            for (int i = 0; i < count; i++) {
+                const int r = first_row + i;
+                qs[i] = qkv + (int64_t)r * n_qkv + (int64_t)g * group * dk;
+                outs[i] = attn + r * n_attn + (int64_t)g * group * dv;
+                ns[i] = key_range(layer, b, r).n;
+            }
+            const int64_t* slots = b.key_slots + b.key_offsets[first_row] + key_range(layer, b, first_row).first;
+            const lp::LpChunkRows rows{&c, count, qs, ns, outs, layer.sinks ? layer.sinks + (int64_t)g * group : nullptr,
+                                       transposed};
+            if (lp::attend_chunk_rows_in_place(rows, head_rows(kv.k[li], g, dk), head_rows(kv.v[li], g, dv), slots,
+                                               m.thread_scratch[2 * thread]))
+                return;
+        }
+        for (int r = first_row; r < first_row + count; r++) one_row(r, g, thread);
     });
 }
 
