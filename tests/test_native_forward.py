@@ -155,7 +155,9 @@ def test_query_heads_sharing_loads_give_each_heads_bits(tmp_path, n_heads, n_kv,
     accumulators (sharing each key's and value's loads), the rest one at a time; every head's
     scores and outputs are the one-head kernels' (the generic build's), for prompt and decode
     rows, whole 32- or 64-value passes over a head or a tail. An fp16 pool is read in place by
-    the vector builds (converted to float32 rows first by the generic one): the same bits."""
+    the vector builds (converted to float32 rows first by the generic one): the same bits. The
+    rows of a short chunk (3 and 9 rows; the 37-row prompt too where a group has fewer than 4
+    heads) attend together on AVX-512, up to 8 heads of 2 to 6 rows, each row over its own keys."""
     path = write_tiny_llama(tmp_path / "heads.gguf", n_embd=n_heads * head_dim, n_heads=n_heads, n_kv=n_kv)
     results = {}
     for variant in VARIANTS:
@@ -163,7 +165,7 @@ def test_query_heads_sharing_loads_give_each_heads_bits(tmp_path, n_heads, n_kv,
         cache = _cache(model, kv_dtype)
         table = BlockTable(cache)
         results[variant] = _run(_native(model, variant), [[(table, _ids(37), 0)], [(table, _ids(3, 5), 37)],
-                                                          [(table, [9], 40)]], cache)
+                                                          [(table, _ids(9, 6), 40)], [(table, [9], 49)]], cache)
     first = results[VARIANTS[-1]]
     for variant, steps in results.items():
         for got, want in zip(steps, first):

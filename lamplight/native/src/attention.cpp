@@ -227,7 +227,8 @@ template <int H, class Rows>
 void score_keys_heads16(const float* const* q, const Rows& keys, int64_t n, int d, float scale, float* const* scores,
                         const Rows& values, bool prefetch) {
     // Keys a block: H * J / 2 accumulators, J / 2 key vectors and a query vector fit in the 32
-    // registers (the rows of a chunk scored together, attend_chunk_rows_in_place, bring up to 8 heads).
+    // registers (the rows of a chunk scored together, attend_chunk_rows_in_place, bring up to 8
+    // heads; lp::chunk_rows_score_in_eights says which keep 8 keys).
     constexpr int J = H == 1 ? 16 : H <= 6 ? 8 : 4, P = J / 2;
     const __m256 scale8 = _mm256_set1_ps(scale);
     const int64_t ahead = rows_ahead<Rows>(d);

@@ -56,8 +56,12 @@ struct LpChunkRows {
 };
 
 // The most rows attend_chunk_rows_in_place takes for a group of `group` query heads a KV head:
-// rows * group heads share each key's and value's loads, up to 8 (the registers' room).
-inline int chunk_rows_together(int group) { return group >= 8 ? 1 : 8 / group; }
+// rows * group heads share each key's and value's loads, up to 8 (the registers' room) from 4
+// heads a group on, up to 6 below, where the score kernel keeps its 8-key blocks (7-8 heads take
+// 4-key ones).
+inline int chunk_rows_together(int group) { return group >= 8 ? 1 : group >= 4 ? 8 / group : 6 / group; }
+// Whether those rows' heads score in 8-key blocks (at most 6 heads).
+inline bool chunk_rows_score_in_eights(int group) { return chunk_rows_together(group) * group <= 6; }
 
 // attend_rows_in_place for the rows of a chunk at once, sharing the reads of their keys and
 // values: each row's result has the bits attend_rows_in_place gives it alone. False (nothing

@@ -225,6 +225,14 @@ bool alone_in_chunk(const LpBatch& b, int r) {
 // 50.1 against 47.4; random 1B Q4_K_M at 608: 2 rows 32.0 against 34.7, 16 rows the same. Those
 // rows prefetch their keys as a decode row does (2-4% of such steps).
 constexpr int kTransposeMinRows = 16;
+// The same where a chunk's rows attend in place together with 8-key score blocks
+// (lp::chunk_rows_score_in_eights: groups under 4 query heads a KV head). Shared, those rows
+// beat the transposed keys further: SmolLM2 (3 a group), Intel Xeon (family 6 model 207), in
+// place against transposed, attention per step at context 800: 16 rows 10.9 against 13.3 ms, 24
+// rows 16.2 against 18.1, 32 rows 21.5 against 22.9; prompts at context 64: 64 rows 5.6 against
+// 6.1, 256 rows 38.8 against 37.6. The random 1B file (4 a group, 4-key blocks) stays at 16: 24
+// rows at context 600 28.1 in place against 25.1 transposed, 64 rows 50.9 against 44.6.
+constexpr int kTransposeMinRowsInEights = 128;
 
 void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const LpKV& kv, const float* qkv, int n_qkv,
                float* attn) {
@@ -236,6 +244,7 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
     // Chunks of several rows (consecutive rows with one key list) get shared converted keys, or
     // over an fp16 pool on the AVX-512 builds, shared transposed keys.
     const bool transposed = in_place && lp::scores_transposed;
+    const int transpose_min_rows = lp::chunk_rows_score_in_eights(group) ? kTransposeMinRowsInEights : kTransposeMinRows;
     vector<SharedKeys>& shared = m.shared;
     vector<int>& chunk_of = m.chunk_of;
     shared.clear();
@@ -244,7 +253,7 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
     for (int r = 0; r < T && (!in_place || transposed);) {
         int end = r + 1;
         while (end < T && b.key_offsets[end] == b.key_offsets[r]) end++;
-        if (end - r > 1 && (!transposed || end - r >= kTransposeMinRows)) {
+        if (end - r > 1 && (!transposed || end - r >= transpose_min_rows)) {
             SharedKeys sk;
             sk.first_row = r, sk.n_rows = end - r;
             sk.lo = INT64_MAX, sk.hi = 0;
