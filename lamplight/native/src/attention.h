@@ -55,7 +55,14 @@ struct LpChunkRows {
     bool prefetch;       // ask for the rows ahead, as attend_rows_in_place's `prefetch`
 };
 
-// The most rows attend_chunk_rows_in_place takes for a group of `group` query heads a KV head:
+// Whether attend_chunk_rows_in_place runs on this build (AVX-512 ones).
+#if defined(__AVX512F__)
+constexpr bool attends_chunk_rows_together = true;
+#else
+constexpr bool attends_chunk_rows_together = false;
+#endif
+
+// The most rows attend_chunk_rows_in_place takes (8 at most) for a group of `group` query heads a KV head:
 // rows * group heads share each key's and value's loads, up to 8 (the registers' room) from 4
 // heads a group on, up to 6 below, where the score kernel keeps its 8-key blocks (7-8 heads take
 // 4-key ones).
@@ -65,7 +72,7 @@ inline bool chunk_rows_score_in_eights(int group) { return chunk_rows_together(g
 
 // attend_rows_in_place for the rows of a chunk at once, sharing the reads of their keys and
 // values: each row's result has the bits attend_rows_in_place gives it alone. False (nothing
-// computed) where the build cannot (AVX-512 ones can), or for more rows than chunk_rows_together.
+// computed) where the build cannot (attends_chunk_rows_together), or for more rows than chunk_rows_together.
 bool attend_chunk_rows_in_place(const LpChunkRows& rows, const uint16_t* k_head, const uint16_t* v_head,
                                 const int64_t* slots, std::vector<float>& scratch);
 

@@ -297,7 +297,7 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
     // (too short to transpose), which share the reads of their keys and values.
     vector<std::pair<int, int>>& tasks = m.attention_tasks;
     tasks.clear();
-    const int together = in_place ? lp::chunk_rows_together(group) : 1;
+    const int together = in_place && lp::attends_chunk_rows_together ? lp::chunk_rows_together(group) : 1;
     for (int r = 0; r < T;) {
         int count = 1;
         if (together > 1 && chunk_of[r] < 0) {
@@ -341,7 +341,7 @@ void attention(Model& m, const LpLayer& layer, int li, const LpBatch& b, const L
         const auto [first_row, count] = tasks[task / H];
         const int g = (int)(task % H);
         if (count > 1) {
-            const float* qs[8];
+            const float* qs[8];  // lp::chunk_rows_together is at most 8
             float* outs[8];
             int64_t ns[8];
             for (int i = 0; i < count; i++) {

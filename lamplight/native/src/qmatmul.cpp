@@ -203,6 +203,19 @@ inline __m512i dpbusd_bcst(__m512i acc, __m512i u, const int8_t* p) {
     }
 }
 
+// An LP_W6 block's 4 quads of q + 32 (0..63), quad t in u[t], from its low 4 bits' two chunks
+// and its high 2 bits' chunk.
+inline void w6_quads(const uint8_t* rec, __m512i (&u)[4]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x03);
+    const __m512i w0 = _mm512_load_si512(rec), w1 = _mm512_load_si512(rec + 64), wh = _mm512_load_si512(rec + 128);
+    u[0] = _mm512_or_si512(_mm512_and_si512(w0, m4), _mm512_slli_epi16(_mm512_and_si512(wh, m2), 4));
+    u[1] = _mm512_or_si512(_mm512_and_si512(w1, m4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(wh, 2), m2), 4));
+    u[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w0, 4), m4),
+                           _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(wh, 4), m2), 4));
+    u[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w1, 4), m4),
+                           _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(wh, 6), m2), 4));
+}
+
 // An LP_W4 block's exact integer sums for 16 columns in two halves: lo over its first 16 k (the
 // low nibbles), hi over the last 16. Each half is at most 16 * 15 * 127 in magnitude, so it fits
 // in int16: the k-quants' factor then multiplies it with one vpdpwssd (tile_super).
@@ -227,15 +240,8 @@ inline void block_halves_w4(const uint8_t* rec, const ActsRow* a, int kb, __m512
 // most 8 * 32 * 127 in magnitude: it fits in int16, as block_halves_w4's.
 template <int R>
 inline void block_halves_w6(const uint8_t* rec, const ActsRow* a, int kb, __m512i (&lo)[R], __m512i (&hi)[R]) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x03);
-    const __m512i w0 = _mm512_load_si512(rec), w1 = _mm512_load_si512(rec + 64), wh = _mm512_load_si512(rec + 128);
-    const __m512i u[4] = {
-        _mm512_or_si512(_mm512_and_si512(w0, m4), _mm512_slli_epi16(_mm512_and_si512(wh, m2), 4)),
-        _mm512_or_si512(_mm512_and_si512(w1, m4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(wh, 2), m2), 4)),
-        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w0, 4), m4),
-                        _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(wh, 4), m2), 4)),
-        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w1, 4), m4),
-                        _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(wh, 6), m2), 4))};
+    __m512i u[4];
+    w6_quads(rec, u);
     for (int r = 0; r < R; ++r) {
         lo[r] = _mm512_set1_epi32(a[r].km32s8[kb / 8]);
         hi[r] = _mm512_set1_epi32(a[r].km32s8[kb / 8 + 1]);
@@ -250,39 +256,18 @@ inline void block_halves_w6(const uint8_t* rec, const ActsRow* a, int kb, __m512
 template <int FMT, bool ZERO8, int R>
 inline void block_sums(const uint8_t* rec, const ActsRow* a, int kb, int b, __m512i (&isum)[R]) {
     if constexpr (FMT == LP_W4) {
-        // Unsigned nibbles against signed activations: vpdpbusd's operand order as is.
-        // Under 4 rows a second accumulator per row halves the dependency chains.
-        constexpr int C = R < 4 ? 2 : 1;
-        const __m512i mask = _mm512_set1_epi8(0x0F);
-        __m512i hi_sum[R];
+        // Unsigned nibbles against signed activations: vpdpbusd's operand order as is, the two
+        // halves in chains of their own (block_halves_w4), added.
+        __m512i hi[R];
+        block_halves_w4<R>(rec, a, kb, isum, hi);
         for (int r = 0; r < R; ++r) {
-            isum[r] = ZERO8 ? _mm512_set1_epi32(-8 * a[r].sum[b]) : _mm512_setzero_si512();
-            hi_sum[r] = _mm512_setzero_si512();
+            isum[r] = _mm512_add_epi32(isum[r], hi[r]);
+            if constexpr (ZERO8) isum[r] = _mm512_add_epi32(isum[r], _mm512_set1_epi32(-8 * a[r].sum[b]));
         }
-        for (int t = 0; t < 4; ++t) {
-            const __m512i w = _mm512_load_si512(rec + 64 * t);
-            const __m512i lo = _mm512_and_si512(w, mask);
-            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);
-            for (int r = 0; r < R; ++r) {
-                const int8_t* x = a[r].q + kb + 4 * t;
-                isum[r] = dpbusd_bcst<R>(isum[r], lo, x);
-                __m512i& second = C == 2 ? hi_sum[r] : isum[r];
-                second = dpbusd_bcst<R>(second, hi, x + 16);
-            }
-        }
-        if constexpr (C == 2)
-            for (int r = 0; r < R; ++r) isum[r] = _mm512_add_epi32(isum[r], hi_sum[r]);
     } else if constexpr (FMT == LP_W6) {
         // Unsigned q + 32 (0..63) against signed activations, less 32 times their sum.
-        const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x03);
-        const __m512i w0 = _mm512_load_si512(rec), w1 = _mm512_load_si512(rec + 64), wh = _mm512_load_si512(rec + 128);
-        const __m512i u[4] = {
-            _mm512_or_si512(_mm512_and_si512(w0, m4), _mm512_slli_epi16(_mm512_and_si512(wh, m2), 4)),
-            _mm512_or_si512(_mm512_and_si512(w1, m4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(wh, 2), m2), 4)),
-            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w0, 4), m4),
-                            _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(wh, 4), m2), 4)),
-            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w1, 4), m4),
-                            _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(wh, 6), m2), 4))};
+        __m512i u[4];
+        w6_quads(rec, u);
         for (int r = 0; r < R; ++r) {
             isum[r] = _mm512_set1_epi32(-32 * a[r].sum16[b]);
             for (int t = 0; t < 4; ++t)
