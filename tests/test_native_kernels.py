@@ -307,7 +307,8 @@ def _extreme_info(qtype, n: int, k: int) -> TensorInfo:
 def test_k_quant_sums_are_exact_at_the_ends_of_their_ranges(kernels, qtype):
     """The AVX-512 tiles multiply each half-block's integer sum by its factor as an int16
     (vpdpwssd): activations all +-127 against weights at their extreme give the largest sums a
-    half can hold (Q4_K 16 * 15 * 127, Q6_K 8 * 32 * 127), which must stay exact."""
+    half can hold (Q4_K 16 * 15 * 127, Q6_K 8 * 32 * 127), which must stay exact. Q5_K, packed as
+    8-bit weights (pack.FORMAT_OF), keeps the int32 product and is here as the path without halves."""
     packed = pack(_extreme_info(qtype, 32, 512))
     w = dequantize_packed(packed).astype(np.float64)
     x = torch.ones(4, 512)
