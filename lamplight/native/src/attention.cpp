@@ -192,16 +192,34 @@ void score_keys_heads(const float* const* q, const Rows& keys, int64_t n, int d,
 
 #endif
 
-// Softmax of one head's n scores in place (softcap, the sink's logit, exp); returns 1 / sum.
-float softmax_scores(const LpConfig& c, float* s, int64_t n, const float* sink) {
-    if (c.attn_softcap > 0.0f)
-        for (int64_t j = 0; j < n; j++) s[j] = std::tanh(s[j] / c.attn_softcap) * c.attn_softcap;
-    float mx = std::max(sink ? *sink : -INFINITY, lp::max_of(s, n));
-    for (int64_t j = 0; j < n; j++) s[j] = exp_approx(s[j] - mx);
-    float sum = lp::sum_of(s, n);
-    if (sink) sum += exp_approx(*sink - mx);
-    return 1.0f / sum;
+// Softmax of H heads' scores in place, head h's n[h] scores at s[h] (softcap, the sink's logit
+// sinks[h] or none, exp); inv[h] = 1 / the sum. Each head's bits are its own whatever H: the
+// heads only share the loop of their sums (lp::sums_of), whose chains would otherwise each wait
+// on its own adds.
+template <int H>
+void softmax_heads(const LpConfig& c, float* const* s, const int64_t* n, const float* const* sinks, float* inv) {
+    float mx[H], sum[H];
+    for (int h = 0; h < H; h++) {
+        if (c.attn_softcap > 0.0f)
+            for (int64_t j = 0; j < n[h]; j++) s[h][j] = std::tanh(s[h][j] / c.attn_softcap) * c.attn_softcap;
+        mx[h] = std::max(sinks[h] ? *sinks[h] : -INFINITY, lp::max_of(s[h], n[h]));
+        for (int64_t j = 0; j < n[h]; j++) s[h][j] = exp_approx(s[h][j] - mx[h]);
+    }
+    lp::sums_of<H>(s, n, sum);
+    for (int h = 0; h < H; h++) {
+        if (sinks[h]) sum[h] += exp_approx(*sinks[h] - mx[h]);
+        inv[h] = 1.0f / sum[h];
+    }
 }
+
+#if !defined(__AVX2__)
+// Softmax of one head's n scores in place; returns 1 / sum.
+float softmax_scores(const LpConfig& c, float* s, int64_t n, const float* sink) {
+    float inv;
+    softmax_heads<1>(c, &s, &n, &sink, &inv);
+    return inv;
+}
+#endif
 
 #if defined(__AVX512F__)
 // _mm256_hadd_ps in each half: per 128 bits, [x0 + x1, x2 + x3, y0 + y1, y2 + y3].
@@ -393,7 +411,9 @@ void attend_heads(const LpConfig& c, const float* q, int64_t n, int64_t stride, 
         for (int h = 0; h < H; h++) qs[h] = q + (int64_t)(i + h) * dk, ss[h] = scores + (i + h) * stride, outs[h] = out + (int64_t)(i + h) * dv;
         score(heads, i, qs, ss);
         int64_t ns[H];
-        for (int h = 0; h < H; h++) ss[h] += offset, inv[h] = softmax_scores(c, ss[h], n, sinks ? sinks + i + h : nullptr), ns[h] = n;
+        const float* sink[H];
+        for (int h = 0; h < H; h++) ss[h] += offset, ns[h] = n, sink[h] = sinks ? sinks + i + h : nullptr;
+        softmax_heads<H>(c, ss, ns, sink, inv);
         weigh_values_heads<H, ValueLanes>(ss, values, ns, dv, inv, outs);
     });
 }
@@ -437,7 +457,9 @@ void attend_chunk_heads(const lp::LpChunkRows& rows, const F16PoolRows& keys, co
         ns[h] = rows.n[r];
     }
     score_keys_heads16<H>(qs, keys, n_max, c.head_dim_k, c.attn_scale, ss, values, rows.prefetch);
-    for (int h = 0; h < H; h++) inv[h] = softmax_scores(c, ss[h], ns[h], rows.sinks ? rows.sinks + h % group : nullptr);
+    const float* sink[H];
+    for (int h = 0; h < H; h++) sink[h] = rows.sinks ? rows.sinks + h % group : nullptr;
+    softmax_heads<H>(c, ss, ns, sink, inv);
     weigh_values_heads<H, ValueLanes>(ss, values, ns, c.head_dim_v, inv, outs);
 }
 #endif

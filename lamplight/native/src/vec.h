@@ -46,15 +46,20 @@ inline float dot(const float* a, const float* b, int n) {
     return sum;
 }
 
-// The largest of x[0..n) (exact in any order; a NaN may or may not win, as with std::max).
+// The largest of x[0..n) (exact in any order; a NaN may or may not win, as with std::max). Four
+// accumulators, so that the maxes do not wait on each other (a softmax over each head's scores
+// takes one).
 inline float max_of(const float* x, int64_t n) {
     float mx = -INFINITY;
     int64_t i = 0;
 #if defined(__AVX2__)
-    __m256 m = _mm256_set1_ps(-INFINITY);
-    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+    __m256 m[4];
+    for (int a = 0; a < 4; a++) m[a] = _mm256_set1_ps(-INFINITY);
+    for (; i + 32 <= n; i += 32)
+        for (int a = 0; a < 4; a++) m[a] = _mm256_max_ps(m[a], _mm256_loadu_ps(x + i + 8 * a));
+    for (; i + 8 <= n; i += 8) m[0] = _mm256_max_ps(m[0], _mm256_loadu_ps(x + i));
     float lanes[8];
-    _mm256_storeu_ps(lanes, m);
+    _mm256_storeu_ps(lanes, _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3])));
     for (int l = 0; l < 8; l++) mx = std::max(mx, lanes[l]);
 #endif
     for (; i < n; i++) mx = std::max(mx, x[i]);
@@ -64,6 +69,12 @@ inline float max_of(const float* x, int64_t n) {
 // x[0..n) summed in one fixed order in every build: eight lanes (lane l takes i = l mod 8 of each
 // whole 8), then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), then the tail in order. A sequential sum
 // waits on each add; this one does not.
+inline float lanes_total(const float (&lanes)[8], const float* x, int64_t i, int64_t n) {
+    float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    for (; i < n; i++) sum += x[i];
+    return sum;
+}
+
 inline float sum_of(const float* x, int64_t n) {
     int64_t i = 0;
     float lanes[8] = {0};
@@ -75,9 +86,29 @@ inline float sum_of(const float* x, int64_t n) {
     for (; i + 8 <= n; i += 8)
         for (int l = 0; l < 8; l++) lanes[l] += x[i + l];
 #endif
-    float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-    for (; i < n; i++) sum += x[i];
-    return sum;
+    return lanes_total(lanes, x, i, n);
+}
+
+// sum_of(x[h], n[h]) for H arrays at once, each in sum_of's order: their lane chains side by
+// side, so that one's adds do not wait on another's (each chain waits on its own every 8 values).
+template <int H>
+inline void sums_of(const float* const* x, const int64_t* n, float* out) {
+#if defined(__AVX2__)
+    const int64_t shared = *std::min_element(n, n + H) / 8 * 8;
+    __m256 acc[H];
+    for (int h = 0; h < H; h++) acc[h] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < shared; i += 8)
+        for (int h = 0; h < H; h++) acc[h] = _mm256_add_ps(acc[h], _mm256_loadu_ps(x[h] + i));
+    for (int h = 0; h < H; h++) {
+        int64_t i = shared;
+        for (; i + 8 <= n[h]; i += 8) acc[h] = _mm256_add_ps(acc[h], _mm256_loadu_ps(x[h] + i));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, acc[h]);
+        out[h] = lanes_total(lanes, x[h], i, n[h]);
+    }
+#else
+    for (int h = 0; h < H; h++) out[h] = sum_of(x[h], n[h]);
+#endif
 }
 
 inline void rms_norm(const float* x, const float* w, float eps, int n, float* out) {
