@@ -267,7 +267,8 @@ def test_bad_shapes_and_column_ranges_are_refused(kernels):
 @pytest.mark.parametrize("qtype", (Q.Q4_1, Q.Q4_K, Q.Q6_K), ids=lambda t: t.name)
 def test_many_rows_match_single_rows(kernels, qtype):
     """Prompt-sized batches (several row blocks of activations, on every build) give each row's
-    bits: the block formats and the k-quants, whose rows qmatmul views per row block."""
+    bits: the block formats and the k-quants, whose rows qmatmul views per row block (the
+    AVX-512 build's Q4_K and Q6_K in tiles of 16 rows, tile_super_pair, and of up to 8)."""
     packed = pack(random_info(qtype, 48, 1536, seed=4))
     x = torch.randn(150, 1536)
     for variant, k in kernels.items():
@@ -308,13 +309,15 @@ def test_k_quant_sums_are_exact_at_the_ends_of_their_ranges(kernels, qtype):
     """The AVX-512 tiles multiply each half-block's integer sum by its factor as an int16
     (vpdpwssd): activations all +-127 against weights at their extreme give the largest sums a
     half can hold (Q4_K 16 * 15 * 127, Q6_K 8 * 32 * 127), which must stay exact. Q5_K, packed as
-    8-bit weights (pack.FORMAT_OF), keeps the int32 product and is here as the path without halves."""
+    8-bit weights (pack.FORMAT_OF), keeps the int32 product and is here as the path without halves.
+    20 rows: a tile of 16 (tile_super_pair), then one of 4."""
     packed = pack(_extreme_info(qtype, 32, 512))
     w = dequantize_packed(packed).astype(np.float64)
     x = torch.ones(4, 512)
     x[1] = -1
     x[2, ::2] = -1
     x[3] = torch.randn(512)
+    x = x.repeat(5, 1)
     expected = _acts_per(x, 256) @ w.T
     for variant, k in kernels.items():
         y = k.matmul(packed, x).double().numpy()
