@@ -986,8 +986,12 @@ void qmatmul(const lp_qweight* w, const uint8_t* acts, int32_t n_rows, float* y,
     // block's row tiles read them, and a block's activations stay in L1 or L2 across the groups.
     // The bytes of a row the tiles read: one of its quant arrays (k bytes) and a float or two per block.
     const size_t read_bytes = size_t(w->k) + size_t(w->k) / 4;
-    const int32_t tile_rows = kern.pair != nullptr ? kRowPair : kRowTile;
-    const int32_t row_block = std::max<int32_t>(tile_rows, int32_t(kRowBlockBytes / read_bytes) / kRowTile * kRowTile);
+    // With 16-row tiles, the rows that fit are rounded up to whole ones: the rows of a block of 24
+    // (k = 2048) ran as 16 + 8, and the 8-row tile unpacks its weights for half as many rows. The
+    // random 1B Q4_K_M file's 512-token prompt 1.4% faster (builds alternated, both orders).
+    const int32_t fit = int32_t(kRowBlockBytes / read_bytes);
+    const int32_t row_block = kern.pair != nullptr ? std::max<int32_t>(kRowPair, (fit + kRowPair - 1) / kRowPair * kRowPair)
+                                                   : std::max<int32_t>(kRowTile, fit / kRowTile * kRowTile);
     // The tiles ask for the lines prefetch_bytes(n_rows) ahead of the block they read, so the
     // first that many bytes of a column range would arrive one demand miss at a time: ask for them now.
     // Alone, one-row steps of the random 1B Q4_K_M file ran 1-2% faster; with linear.cpp's 2
