@@ -158,7 +158,8 @@ float quantize_span(const float* x, int n_blocks, int8_t* q, uint8_t* qu, int32_
 
 // km32s8 of a super-block: -32 times the sum of each 8 of its quants, from their unsigned form
 // qu = q + 128 (the sums of 8 are then 1024 more): psadbw against zero sums 8 bytes a lane, where
-// a scalar loop took a byte an add (it was most of a k-quant row's quantizing).
+// a scalar loop took an add a byte (perf, the random 1B Q4_K_M file's 512-token prompts:
+// quantize_range 2.8% of the samples before, 2.0% after).
 void eights_times_minus_32(const uint8_t* qu, int32_t* out) {
 #if defined(LP_ISA_AVX512VNNI)
     for (int c = 0; c < kSuper; c += 64) {
