@@ -218,17 +218,22 @@ inline void w6_quads(const uint8_t* rec, __m512i (&u)[4]) {
                            _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(wh, 6), m2), 4));
 }
 
+// An LP_W4 chunk's low nibbles (its quad of the block's first 16 k) and high ones (of the last 16).
+inline void w4_nibbles(__m512i w, __m512i& low, __m512i& high) {
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    low = _mm512_and_si512(w, mask);
+    high = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);
+}
+
 // An LP_W4 block's exact integer sums for 16 columns in two halves: lo over its first 16 k (the
 // low nibbles), hi over the last 16. Each half is at most 16 * 15 * 127 in magnitude, so it fits
 // in int16: the k-quants' factor then multiplies it with one vpdpwssd (tile_super).
 template <int R>
 inline void block_halves_w4(const uint8_t* rec, const ActsRow* a, int kb, __m512i (&lo)[R], __m512i (&hi)[R]) {
-    const __m512i mask = _mm512_set1_epi8(0x0F);
     for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_si512();
     for (int t = 0; t < 4; ++t) {
-        const __m512i w = _mm512_load_si512(rec + 64 * t);
-        const __m512i wl = _mm512_and_si512(w, mask);
-        const __m512i wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);
+        __m512i wl, wh;
+        w4_nibbles(_mm512_load_si512(rec + 64 * t), wl, wh);
         for (int r = 0; r < R; ++r) {
             const int8_t* x = a[r].q + kb + 4 * t;
             lo[r] = dpbusd_bcst<R>(lo[r], wl, x);
@@ -305,6 +310,43 @@ inline __m512 scales16(const uint8_t* grp, int b, int which) {
     return _mm512_mul_ps(values, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(f)));
 }
 
+// The super-block of block b0: its 16 columns' d (which = 0) or, with mins, dmin (1), as float32.
+template <int FMT, bool MIN>
+inline __m512 super_scale(const uint8_t* grp, int b0, int which) {
+    using L = Blocks<FMT, MIN, true>;
+    if constexpr (L::half_d) return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(L::halves(grp, b0, which))));
+    else return _mm512_load_ps(L::floats(grp, b0, which));
+}
+
+// acc + (scale * a row's kd) * ints: a super-block's integer sums into a row's float accumulator.
+inline __m512 add_scaled(__m512 acc, __m512 scale, float kd, __m512i ints) {
+    return _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(kd)), _mm512_cvtepi32_ps(ints), acc);
+}
+
+// The min factors of the super-block of block b0, two blocks a lane: pairs[i] holds block
+// b0 + 2i's in the low int16 and b0 + 2i + 1's in the high (row_mins' operand).
+template <int FMT>
+inline void min_factor_pairs(const uint8_t* grp, int b0, __m512i (&pairs)[Blocks<FMT, true, true>::per_super / 2]) {
+    using L = Blocks<FMT, true, true>;
+    const auto factors = [&](int b) {
+        return _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(L::factors(grp, b, 1))));
+    };
+    const __m512i low16 = _mm512_set1_epi32(0xFFFF);
+    for (int j = 0; j < L::per_super; j += 2)
+        pairs[j / 2] = _mm512_or_si512(_mm512_and_si512(factors(b0 + j), low16), _mm512_slli_epi32(factors(b0 + j + 1), 16));
+}
+
+// One row's sum_j min factor_j * (sum of block j's activation q) over the super-block of block
+// b0, two blocks per vpdpwssd.
+template <int FMT>
+inline __m512i row_mins(const __m512i (&pairs)[Blocks<FMT, true, true>::per_super / 2], const ActsRow& a, int b0) {
+    const int16_t* sums = (Fmt<FMT>::block == 32 ? a.kp32 : a.kp16) + b0;
+    __m512i mins = _mm512_setzero_si512();
+    for (int i = 0; i < Blocks<FMT, true, true>::per_super / 2; ++i)
+        mins = _mm512_dpwssd_epi32(mins, pairs[i], _mm512_set1_epi32(load_i32(sums + 2 * i)));
+    return mins;
+}
+
 // A k-quant's super-blocks (FLAG_SUPER): the activations have one scale per 256 k, so each
 // block's exact sum times its int8 factor adds up in int32 over the super-block, and the float
 // work (d * xd times the total, and the mins' term) is once per 256 k, not per block. The rows
@@ -364,32 +406,13 @@ void tile_super(const uint8_t* grp0, size_t stride, int nblk, const ActsRow* a, 
         const int sb = b0 / per;
         for (int s = 0; s < S; ++s) {
             const uint8_t* grp = group(s);
-            __m512 d;
-            if constexpr (L::half_d) d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(L::halves(grp, b0, 0))));
-            else d = _mm512_load_ps(L::floats(grp, b0, 0));
-            for (int r = 0; r < R; ++r)
-                acc[s][r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(a[r].kd[sb])), _mm512_cvtepi32_ps(total[s][r]),
-                                            acc[s][r]);
+            const __m512 d = super_scale<FMT, MIN>(grp, b0, 0);
+            for (int r = 0; r < R; ++r) acc[s][r] = add_scaled(acc[s][r], d, a[r].kd[sb], total[s][r]);
             if constexpr (MIN) {
-                // sum_j min factor_j * (sum of the block's activation q), two blocks per vpdpwssd.
-                const __m512i low16 = _mm512_set1_epi32(0xFFFF);
-                __m512i mins[R];
-                for (int r = 0; r < R; ++r) mins[r] = _mm512_setzero_si512();
-                for (int j = 0; j < per; j += 2) {
-                    const auto factors = [&](int b) {
-                        return _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(L::factors(grp, b, 1))));
-                    };
-                    const __m512i pair = _mm512_or_si512(_mm512_and_si512(factors(b0 + j), low16),
-                                                         _mm512_slli_epi32(factors(b0 + j + 1), 16));
-                    for (int r = 0; r < R; ++r) {
-                        const int16_t* sums = (block == 32 ? a[r].kp32 : a[r].kp16) + b0 + j;
-                        mins[r] = _mm512_dpwssd_epi32(mins[r], pair, _mm512_set1_epi32(load_i32(sums)));
-                    }
-                }
-                const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(L::halves(grp, b0, 1))));
-                for (int r = 0; r < R; ++r)
-                    acc[s][r] = _mm512_fmadd_ps(_mm512_mul_ps(dmin, _mm512_set1_ps(a[r].kd[sb])), _mm512_cvtepi32_ps(mins[r]),
-                                                acc[s][r]);
+                __m512i pairs[per / 2];
+                min_factor_pairs<FMT>(grp, b0, pairs);
+                const __m512 dmin = super_scale<FMT, MIN>(grp, b0, 1);
+                for (int r = 0; r < R; ++r) acc[s][r] = add_scaled(acc[s][r], dmin, a[r].kd[sb], row_mins<FMT>(pairs, a[r], b0));
             }
         }
     }
@@ -431,12 +454,7 @@ void tile_super_pair(const uint8_t* grp, int nblk, const ActsRow* a, float* cons
             constexpr int H = FMT == LP_W4 ? 4 : 2;
             __m512i u[2 * H];
             if constexpr (FMT == LP_W4) {
-                const __m512i mask = _mm512_set1_epi8(0x0F);
-                for (int t = 0; t < 4; ++t) {
-                    const __m512i w = _mm512_load_si512(rec + 64 * t);
-                    u[t] = _mm512_and_si512(w, mask);
-                    u[4 + t] = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);
-                }
+                for (int t = 0; t < 4; ++t) w4_nibbles(_mm512_load_si512(rec + 64 * t), u[t], u[4 + t]);
             } else {
                 w6_quads(rec, u);
             }
@@ -460,31 +478,15 @@ void tile_super_pair(const uint8_t* grp, int nblk, const ActsRow* a, float* cons
             }
         }
         const int sb = b0 / per;
-        __m512 d;
-        if constexpr (L::half_d) d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(L::halves(grp, b0, 0))));
-        else d = _mm512_load_ps(L::floats(grp, b0, 0));
-        for (int r = 0; r < R; ++r)
-            _mm512_store_ps(acc[r], _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(a[r].kd[sb])),
-                                                    _mm512_cvtepi32_ps(total[r]), _mm512_load_ps(acc[r])));
+        const __m512 d = super_scale<FMT, MIN>(grp, b0, 0);
+        for (int r = 0; r < R; ++r) _mm512_store_ps(acc[r], add_scaled(_mm512_load_ps(acc[r]), d, a[r].kd[sb], total[r]));
         if constexpr (MIN) {
-            // tile_super's mins: sum_j min factor_j * (sum of the block's activation q), two
-            // blocks per vpdpwssd, the pairs of factors made once for the rows.
-            const __m512i low16 = _mm512_set1_epi32(0xFFFF);
-            const auto factors = [&](int b) {
-                return _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(L::factors(grp, b, 1))));
-            };
+            // tile_super's mins, the pairs of factors made once for the rows.
             __m512i pairs[per / 2];
-            for (int j = 0; j < per; j += 2)
-                pairs[j / 2] = _mm512_or_si512(_mm512_and_si512(factors(b0 + j), low16), _mm512_slli_epi32(factors(b0 + j + 1), 16));
-            const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(L::halves(grp, b0, 1))));
-            for (int r = 0; r < R; ++r) {
-                const int16_t* sums = (block == 32 ? a[r].kp32 : a[r].kp16) + b0;
-                __m512i mins = _mm512_setzero_si512();
-                for (int j = 0; j < per; j += 2)
-                    mins = _mm512_dpwssd_epi32(mins, pairs[j / 2], _mm512_set1_epi32(load_i32(sums + j)));
-                _mm512_store_ps(acc[r], _mm512_fmadd_ps(_mm512_mul_ps(dmin, _mm512_set1_ps(a[r].kd[sb])),
-                                                        _mm512_cvtepi32_ps(mins), _mm512_load_ps(acc[r])));
-            }
+            min_factor_pairs<FMT>(grp, b0, pairs);
+            const __m512 dmin = super_scale<FMT, MIN>(grp, b0, 1);
+            for (int r = 0; r < R; ++r)
+                _mm512_store_ps(acc[r], add_scaled(_mm512_load_ps(acc[r]), dmin, a[r].kd[sb], row_mins<FMT>(pairs, a[r], b0)));
         }
     }
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(dst[r], _mm512_load_ps(acc[r]));
