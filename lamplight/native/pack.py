@@ -7,25 +7,25 @@ mins): w = scale * q (+ min), with the very float32 operations gguf's dequantiza
   LP_W8_32 (block 32, int8 q):      Q8_0, Q5_0 (q - 16), Q5_1 (d, m), Q5_K (d sc_j, -dmin m_j)
   LP_W8    (block 16, int8 q):      Q3_K, Q2_K (d sc_j, -dmin m_j); Q6_K beside other 8-bit weights
   LP_W6    (block 16, q 0..63):     Q6_K (d sc_j, q - 32)
-Products such as d * sc_j are computed here in float32, as gguf computes them, and stored; or,
-for the k-quants (FLAG_SUPER), kept as gguf has them: a float32 d per 256 k and an int8 factor
-per block, multiplied by the kernel. That product is exact (an fp16 times an integer of at most 8
-bits), so both layouts give the same scales, and the super one reads 4.5 bits a Q4_K weight, as
-gguf does, instead of 6 (6.6 a Q6_K one instead of 8 as LP_W6 with float scales, 10 as LP_W8). The kernel
-multiplies a super layout by activations with one scale per 256 k (as llama.cpp's Q8_K), adding
-the blocks' integer sums times their factors in int32 (qmatmul.cpp), and a float one by
-activations per block of 32.
+Products such as d * sc_j are computed here in float32, as gguf computes them, and stored; or, for
+the k-quants (FLAG_SUPER), kept as gguf has them: a float32 d per 256 k and an int8 factor per
+block, multiplied by the kernel. That product is exact (an fp16 times an integer of at most 8 bits),
+so both layouts give the same scales, and the super one reads 4.5 bits a Q4_K weight, as gguf does,
+instead of 6 (6.6 a Q6_K one instead of 8 as LP_W6 with float scales, 10 as LP_W8). The kernel
+multiplies a super layout by activations with one scale per 256 k (as llama.cpp's Q8_K), adding the
+blocks' integer sums times their factors in int32 (qmatmul.cpp), and a float one by activations per
+block of 32.
 
 The layout (one for every instruction set): a 64-byte header (its int32 at offset 16 holds the
-flags), then the columns in groups of 16 (zero columns pad the last one). Without FLAG_SUPER a
-group is a run of block records [quants][16 scales][16 mins if FLAG_MIN]; with it, a run of
-super-blocks of 256 k, each [16 float32 d, or with FLAG_MIN 16 fp16 d and 16 fp16 dmin][the
-blocks' 16 int8 scale factors each][their 16 min factors each, if FLAG_MIN] then the blocks'
-quants; with FLAG_MIN and 8 blocks a super-block (Q4_K, Q5_K) the 256 factors, 6-bit, are packed
-into 192 bytes as LP_W6 packs a block's quants (_pack_factors). The quants are 64-byte chunks, one per quad of 4 consecutive k, with byte 4 c + i =
-column c, k = 4 quad + i. In LP_W4 chunk t holds quad t in its low nibbles and quad t + 4 in its
-high ones. LP_W6 stores q + 32 in three chunks: chunk 0 holds the low 4 bits of quads 0 (low
-nibbles) and 2 (high), chunk 1 those of quads 1 and 3, chunk 2 the high 2 bits of quad j at
+flags), then the columns in groups of 16 (zero columns pad the last one). Without FLAG_SUPER a group
+is a run of block records [quants][16 scales][16 mins if FLAG_MIN]; with it, a run of super-blocks
+of 256 k, each [16 float32 d, or with FLAG_MIN 16 fp16 d and 16 fp16 dmin][the blocks' 16 int8 scale
+factors each][their 16 min factors each, if FLAG_MIN] then the blocks' quants; with FLAG_MIN and 8
+blocks a super-block (Q4_K, Q5_K) the 256 factors, 6-bit, are packed into 192 bytes as LP_W6 packs a
+block's quants (_pack_factors). The quants are 64-byte chunks, one per quad of 4 consecutive k, with
+byte 4 c + i = column c, k = 4 quad + i. In LP_W4 chunk t holds quad t in its low nibbles and quad
+t + 4 in its high ones. LP_W6 stores q + 32 in three chunks: chunk 0 holds the low 4 bits of quads 0
+(low nibbles) and 2 (high), chunk 1 those of quads 1 and 3, chunk 2 the high 2 bits of quad j at
 bits 2 j.
 """
 

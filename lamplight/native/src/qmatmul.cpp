@@ -640,8 +640,6 @@ inline __m256 scales8(const uint8_t* grp, int b, int which, int h) {
     return _mm256_load_ps(Blocks<FMT, MIN, false>::floats(grp, b, which) + 8 * h);
 }
 
-// The block's exact integer sums for the 8 columns of half h of the group, one int32 lane each;
-// u: the block's unpacked nibbles (LP_W4) or null.
 // Half h (32 bytes of each 64-byte line) of an LP_W6 block's 4 quads of q + 32 (0..63), quad t
 // in u[t], as the AVX-512 w6_quads.
 inline void w6_quads_half(const uint8_t* rec, int h, __m256i (&u)[4]) {
@@ -664,6 +662,8 @@ inline void unpack_factors(const uint8_t* src, int8_t* dst) {
     }
 }
 
+// The block's exact integer sums for the 8 columns of half h of the group, one int32 lane each;
+// u: the block's unpacked nibbles (LP_W4) or null.
 template <int FMT, bool ZERO8, int R>
 inline void block_sums(const uint8_t* rec, const __m256i* u, int h, const ActsRow* a, int kb, int b,
                        __m256i (&isum)[R]) {
