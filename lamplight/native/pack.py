@@ -7,25 +7,24 @@ mins): w = scale * q (+ min), with the very float32 operations gguf's dequantiza
   LP_W8_32 (block 32, int8 q):      Q8_0, Q5_0 (q - 16), Q5_1 (d, m), Q5_K (d sc_j, -dmin m_j)
   LP_W8    (block 16, int8 q):      Q3_K, Q2_K (d sc_j, -dmin m_j); Q6_K beside other 8-bit weights
   LP_W6    (block 16, q 0..63):     Q6_K (d sc_j, q - 32)
-Products such as d * sc_j are computed here in float32, as gguf computes them, and stored; or, for
-the k-quants (FLAG_SUPER), kept as gguf has them: a float32 d per 256 k and an int8 factor per
-block, multiplied by the kernel. That product is exact (an fp16 times an integer of at most 8 bits),
-so both layouts give the same scales, and the super one reads 4.5 bits a Q4_K weight, as gguf does,
+Products such as d * sc_j are computed here in float32, as gguf computes them, and stored; or,
+for the k-quants (FLAG_SUPER), kept as gguf has them: a float32 d per 256 k and an int8 factor
+per block, multiplied by the kernel. That product is exact (an fp16 times an integer of at most 8
+bits), so both layouts give the same scales, and the super one reads 4.625 bits a Q4_K weight
 instead of 6 (6.6 a Q6_K one instead of 8 as LP_W6 with float scales, 10 as LP_W8). The kernel
-multiplies a super layout by activations with one scale per 256 k (as llama.cpp's Q8_K), adding the
-blocks' integer sums times their factors in int32 (qmatmul.cpp), and a float one by activations per
-block of 32.
+multiplies a super layout by activations with one scale per 256 k (as llama.cpp's Q8_K), adding
+the blocks' integer sums times their factors in int32 (qmatmul.cpp), and a float one by
+activations per block of 32.
 
 The layout (one for every instruction set): a 64-byte header (its int32 at offset 16 holds the
-flags), then the columns in groups of 16 (zero columns pad the last one). Without FLAG_SUPER a group
-is a run of block records [quants][16 scales][16 mins if FLAG_MIN]; with it, a run of super-blocks
-of 256 k, each [16 float32 d, or with FLAG_MIN 16 fp16 d and 16 fp16 dmin][the blocks' 16 int8 scale
-factors each][their 16 min factors each, if FLAG_MIN] then the blocks' quants; with FLAG_MIN and 8
-blocks a super-block (Q4_K, Q5_K) the 256 factors, 6-bit, are packed into 192 bytes as LP_W6 packs a
-block's quants (_pack_factors). The quants are 64-byte chunks, one per quad of 4 consecutive k, with
-byte 4 c + i = column c, k = 4 quad + i. In LP_W4 chunk t holds quad t in its low nibbles and quad
-t + 4 in its high ones. LP_W6 stores q + 32 in three chunks: chunk 0 holds the low 4 bits of quads 0
-(low nibbles) and 2 (high), chunk 1 those of quads 1 and 3, chunk 2 the high 2 bits of quad j at
+flags), then the columns in groups of 16 (zero columns pad the last one). Without FLAG_SUPER a
+group is a run of block records [quants][16 scales][16 mins if FLAG_MIN]; with it, a run of
+super-blocks of 256 k, each [16 float32 d, or with FLAG_MIN 16 fp16 d and 16 fp16 dmin][the
+blocks' 16 int8 scale factors each][their 16 min factors each, if FLAG_MIN] then the blocks'
+quants. The quants are 64-byte chunks, one per quad of 4 consecutive k, with byte 4 c + i =
+column c, k = 4 quad + i. In LP_W4 chunk t holds quad t in its low nibbles and quad t + 4 in its
+high ones. LP_W6 stores q + 32 in three chunks: chunk 0 holds the low 4 bits of quads 0 (low
+nibbles) and 2 (high), chunk 1 those of quads 1 and 3, chunk 2 the high 2 bits of quad j at
 bits 2 j.
 """
 
@@ -159,38 +158,10 @@ def _per_column(values: np.ndarray) -> np.ndarray:
 
 def _super_sizes(fmt: int, with_min: bool) -> tuple[int, int, int]:
     """(blocks per super-block, its header bytes, its bytes) for FLAG_SUPER: one 64-byte line of
-    d (16 float32, or with mins 16 fp16 d and 16 fp16 dmin), then the factors (6-bit ones packed,
-    _packs_factors)."""
+    d (16 float32, or with mins 16 fp16 d and 16 fp16 dmin), then the factors."""
     per_super = SUPER // BLOCK[fmt]
-    factor_bytes = GROUP * per_super * (2 if with_min else 1)
-    header = 64 + (factor_bytes * 3 // 4 if _packs_factors(fmt, with_min) else factor_bytes)
+    header = 64 + GROUP * per_super * (2 if with_min else 1)
     return per_super, header, header + per_super * QUANT_BYTES[fmt]
-
-
-def _packs_factors(fmt: int, with_min: bool) -> bool:
-    """Whether a super-block's factors are 6-bit ones packed 4 to 3 bytes (qmatmul.cpp's
-    Blocks::packed_factors): with mins and 8 blocks a super-block (Q4_K, Q5_K: gguf stores their
-    scales and mins in 6 bits). Q4_K then reads gguf's own 4.5 bits a weight, not 4.625."""
-    return with_min and SUPER // BLOCK[fmt] == 8
-
-
-def _pack_factors(f: np.ndarray) -> np.ndarray:
-    """[..., 256] factors (0..63) -> [..., 192] bytes as LP_W6 packs quants: quad t (bytes 64 t
-    ..) in the low nibbles of line t (t < 2) or the high ones of line t - 2, its top 2 bits at
-    bits 2 t of line 2."""
-    u = f.astype(np.uint8).reshape(*f.shape[:-1], 4, 64)
-    low, top = u & 15, u >> 4
-    lines = [low[..., 0, :] | low[..., 2, :] << 4, low[..., 1, :] | low[..., 3, :] << 4,
-             top[..., 0, :] | top[..., 1, :] << 2 | top[..., 2, :] << 4 | top[..., 3, :] << 6]
-    return np.concatenate(lines, axis=-1)
-
-
-def _unpack_factors(b: np.ndarray) -> np.ndarray:
-    """_pack_factors' inverse: [..., 192] bytes -> [..., 256] int8 factors."""
-    lines = b.reshape(*b.shape[:-1], 3, 64)
-    low = [lines[..., 0, :] & 15, lines[..., 1, :] & 15, lines[..., 0, :] >> 4, lines[..., 1, :] >> 4]
-    quads = [low[t] | ((lines[..., 2, :] >> (2 * t)) & 3) << 4 for t in range(4)]
-    return np.concatenate(quads, axis=-1).view(np.int8)
 
 
 def _d_dtype(with_min: bool) -> type:
@@ -207,14 +178,10 @@ def _read_super(p: PackedWeight, flags: int) -> tuple[np.ndarray, np.ndarray, np
     d_dtype = _d_dtype(with_min)
     d_bytes = GROUP * np.dtype(d_dtype).itemsize
 
-    factors = body[..., 64:header]
-    if _packs_factors(p.format, with_min):
-        factors = _unpack_factors(factors)
-
     def values(which: int) -> np.ndarray:
         d = np.ascontiguousarray(body[..., d_bytes * which:d_bytes * (which + 1)]).view(d_dtype).astype(np.float32)
-        start = GROUP * per_super * which
-        factor = factors[..., start:start + GROUP * per_super].view(np.int8).reshape(groups, supers, per_super, GROUP)
+        start = 64 + GROUP * per_super * which
+        factor = body[..., start:start + GROUP * per_super].view(np.int8).reshape(groups, supers, per_super, GROUP)
         product = d[:, :, None, :] * factor.astype(np.float32)
         return _per_column(product.reshape(groups, supers * per_super, GROUP))
 
@@ -422,7 +389,7 @@ def _build(p: _Parts, super_scales: bool = True) -> PackedWeight:
     n, k = p.q.shape
     if k % 32:
         raise ValueError(f"the native kernels need k to be a multiple of 32, not {k}")
-    if super_scales and p.factors is not None and k % SUPER == 0 and _d_fits(p) and _factors_fit(p):
+    if super_scales and p.factors is not None and k % SUPER == 0 and _d_fits(p):
         return _build_super(p)
     block, qbytes = BLOCK[p.format], QUANT_BYTES[p.format]
     rows = n + -n % GROUP  # zero columns: q = 0, scale = 0, min = 0
@@ -450,13 +417,6 @@ def _d_fits(p: _Parts) -> bool:
     return all(np.array_equal(f.d.astype(np.float16).astype(np.float32), f.d) for f in p.factors)
 
 
-def _factors_fit(p: _Parts) -> bool:
-    """Packed factors (_packs_factors) hold 0..63: Q4_K's and Q5_K's 6-bit scales and mins do."""
-    if not _packs_factors(p.format, p.min is not None):
-        return True
-    return all(f.factor.min(initial=0) >= 0 and f.factor.max(initial=0) <= 63 for f in p.factors)
-
-
 def _padded(values: np.ndarray, rows: int) -> np.ndarray:
     """values [n, ...] with zero rows up to `rows` (zero columns of the weight); values itself
     when there are none to add (no copy of a large q)."""
@@ -481,12 +441,10 @@ def _build_super(p: _Parts) -> PackedWeight:
     body[..., header:] = quants.reshape(groups, supers, per_super * QUANT_BYTES[p.format])
     d_dtype = _d_dtype(with_min)
     d_bytes = GROUP * np.dtype(d_dtype).itemsize
-    factors = []
     for which, f in enumerate(p.factors[: 2 if with_min else 1]):
         d = _padded(f.d.astype(d_dtype), rows).reshape(groups, GROUP, supers).transpose(0, 2, 1)
         body[..., d_bytes * which:d_bytes * (which + 1)] = np.ascontiguousarray(d).view(np.uint8)
         factor = _padded(f.factor, rows).reshape(groups, GROUP, supers, per_super).transpose(0, 2, 3, 1)
-        factors.append(np.ascontiguousarray(factor).reshape(groups, supers, -1).view(np.uint8))
-    factors = np.concatenate(factors, axis=-1)
-    body[..., 64:header] = _pack_factors(factors) if _packs_factors(p.format, with_min) else factors
+        start = 64 + GROUP * per_super * which
+        body[..., start:start + GROUP * per_super] = np.ascontiguousarray(factor).reshape(groups, supers, -1).view(np.uint8)
     return PackedWeight(p.format, n, k, data)

@@ -65,15 +65,11 @@ template <int FMT, bool MIN> constexpr int record_bytes() { return Fmt<FMT>::qby
 // Where block b of a group keeps its quants and its 16 columns' scales (which = 0) or mins
 // (which = 1), in either layout (qmatmul.h): records, or super-blocks of kSuper k whose header
 // holds the 16 columns' d (16 float32; with mins, 16 fp16 d then 16 fp16 dmin) and each block's
-// 16 int8 factors (SuperFactors reads them, packed_factors or not).
+// 16 int8 factors.
 template <int FMT, bool MIN, bool SUP> struct Blocks {
     static constexpr int qbytes = Fmt<FMT>::qbytes, per_super = kSuper / Fmt<FMT>::block, kinds = MIN ? 2 : 1;
     static constexpr bool half_d = SUP && MIN;  // fp16 d and dmin: 64 bytes, a whole line
-    // 6-bit factors (Q4_K's and Q5_K's scales and mins: 8 blocks a super-block, with mins)
-    // packed as LP_W6 packs its quants, 192 bytes instead of 256 (SuperFactors unpacks them).
-    static constexpr bool packed_factors = SUP && MIN && per_super == 8;
-    static constexpr size_t factor_bytes = packed_factors ? 192 : size_t(16 * per_super) * kinds;
-    static constexpr size_t header = 64 + factor_bytes, super_bytes = header + per_super * qbytes;
+    static constexpr size_t header = 64 + size_t(16 * per_super) * kinds, super_bytes = header + per_super * qbytes;
 
     // With SUP: the super-block holding block b.
     static const uint8_t* super_of(const uint8_t* grp, int b) { return grp + size_t(b / per_super) * super_bytes; }
@@ -91,6 +87,10 @@ template <int FMT, bool MIN, bool SUP> struct Blocks {
     static const uint16_t* halves(const uint8_t* grp, int b, int which) {
         return reinterpret_cast<const uint16_t*>(super_of(grp, b) + 32 * which);
     }
+    // With SUP: the block's 16 int8 factors of d (which = 0) or dmin (1).
+    static const int8_t* factors(const uint8_t* grp, int b, int which) {
+        return reinterpret_cast<const int8_t*>(super_of(grp, b) + 64 + 16 * (per_super * which + b % per_super));
+    }
     static size_t group_bytes(int k) {
         return SUP ? size_t(k / kSuper) * super_bytes : size_t(k / Fmt<FMT>::block) * record_bytes<FMT, MIN>();
     }
@@ -104,39 +104,6 @@ inline int32_t load_i32(const void* p) {
     std::memcpy(&v, p, 4);
     return v;
 }
-
-// Factor i of packed factors (Blocks::packed_factors): the super-block's 256 int8 factors (block
-// j's 16 columns at 16 j, their mins' at 128 + 16 j) stored as LP_W6 stores a block's quants,
-// byte p of quad t (i = 64 t + p) from the low nibble of byte p (t = 0, 1) or its high nibble
-// (t = 2, 3) of line t % 2, and bits 2 t of byte p of line 2 (pack.py). The vector builds
-// unpack all 256 at once (unpack_factors), the same bytes.
-inline int8_t packed_factor(const uint8_t* f, int i) {
-    const int t = i / 64, p = i % 64;
-    const int line = f[64 * (t % 2) + p];
-    return int8_t((t < 2 ? line & 15 : line >> 4) | ((f[128 + p] >> (2 * t)) & 3) << 4);
-}
-
-// Packed factors' 256 bytes (src, 64-byte aligned) into dst (256 bytes, 64-byte aligned):
-// packed_factor's values, in this build's instructions.
-inline void unpack_factors(const uint8_t* src, int8_t* dst);
-
-// The factors of one super-block (SUP), 16 int8 a block and kind: where they are stored, or
-// packed ones unpacked once into buf (a super-block's blocks each read theirs).
-template <class L> struct SuperFactors {
-    alignas(64) int8_t buf[L::packed_factors ? 256 : 1];
-    const int8_t* rows;
-    void load(const uint8_t* grp, int b0) {
-        const uint8_t* stored = L::super_of(grp, b0) + 64;
-        if constexpr (L::packed_factors) {
-            unpack_factors(stored, buf);
-            rows = buf;
-        } else {
-            rows = reinterpret_cast<const int8_t*>(stored);
-        }
-    }
-    // Block b's 16 factors of d (which = 0) or dmin (1).
-    const int8_t* of(int b, int which) const { return rows + 16 * (L::per_super * which + b % L::per_super); }
-};
 
 // A group's weights are one sequential stream, and so are a column chunk's groups; the hardware
 // prefetchers stop at each 4 KiB page, so the tiles ask for the lines kPrefetchBytes ahead of
@@ -251,12 +218,6 @@ inline void w6_quads(const uint8_t* rec, __m512i (&u)[4]) {
                            _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(wh, 6), m2), 4));
 }
 
-inline void unpack_factors(const uint8_t* src, int8_t* dst) {
-    __m512i u[4];
-    w6_quads(src, u);
-    for (int t = 0; t < 4; ++t) _mm512_store_si512(dst + 64 * t, u[t]);
-}
-
 // An LP_W4 chunk's low nibbles (its quad of the block's first 16 k) and high ones (of the last 16).
 inline void w4_nibbles(__m512i w, __m512i& low, __m512i& high) {
     const __m512i mask = _mm512_set1_epi8(0x0F);
@@ -337,10 +298,16 @@ inline void block_sums(const uint8_t* rec, const ActsRow* a, int kb, int b, __m5
 template <int FMT, bool MIN, bool SUP>
 const void* prepare(const uint8_t*, int) { return nullptr; }
 
-// Block b's 16 stored float32 scales (which = 0) or mins (1) (records: no FLAG_SUPER).
-template <int FMT, bool MIN>
+// Block b's 16 scales (which = 0) or mins (1): stored, or d times the factor (an exact product).
+template <int FMT, bool MIN, bool SUP>
 inline __m512 scales16(const uint8_t* grp, int b, int which) {
-    return _mm512_load_ps(Blocks<FMT, MIN, false>::floats(grp, b, which));
+    using L = Blocks<FMT, MIN, SUP>;
+    __m512 values;
+    if constexpr (L::half_d) values = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(L::halves(grp, b, which))));
+    else values = _mm512_load_ps(L::floats(grp, b, which));
+    if constexpr (!SUP) return values;
+    const __m128i f = _mm_load_si128(reinterpret_cast<const __m128i*>(L::factors(grp, b, which)));
+    return _mm512_mul_ps(values, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(f)));
 }
 
 // The super-block of block b0: its 16 columns' d (which = 0) or, with mins, dmin (1), as float32.
@@ -359,11 +326,10 @@ inline __m512 add_scaled(__m512 acc, __m512 scale, float kd, __m512i ints) {
 // The min factors of the super-block of block b0, two blocks a lane: pairs[i] holds block
 // b0 + 2i's in the low int16 and b0 + 2i + 1's in the high (row_mins' operand).
 template <int FMT>
-inline void min_factor_pairs(const SuperFactors<Blocks<FMT, true, true>>& sf, int b0,
-                             __m512i (&pairs)[Blocks<FMT, true, true>::per_super / 2]) {
+inline void min_factor_pairs(const uint8_t* grp, int b0, __m512i (&pairs)[Blocks<FMT, true, true>::per_super / 2]) {
     using L = Blocks<FMT, true, true>;
     const auto factors = [&](int b) {
-        return _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sf.of(b, 1))));
+        return _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(L::factors(grp, b, 1))));
     };
     const __m512i low16 = _mm512_set1_epi32(0xFFFF);
     for (int j = 0; j < L::per_super; j += 2)
@@ -408,8 +374,6 @@ void tile_super(const uint8_t* grp0, size_t stride, int nblk, const ActsRow* a, 
         __m512i total[S][R];
         for (int s = 0; s < S; ++s)
             for (int r = 0; r < R; ++r) total[s][r] = _mm512_setzero_si512();
-        SuperFactors<L> sf[S];
-        for (int s = 0; s < S; ++s) sf[s].load(group(s), b0);
         for (int j = 0; j < per; ++j) {
             const int b = b0 + j;
             for (int s = 0; s < S; ++s) {
@@ -420,7 +384,8 @@ void tile_super(const uint8_t* grp0, size_t stride, int nblk, const ActsRow* a, 
                 } else if (prefetches<R>()) {
                     prefetch_ahead<FMT>(rec);
                 }
-                const __m512i f = _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sf[s].of(b, 0))));
+                const __m512i f =
+                    _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(L::factors(grp, b, 0))));
                 if constexpr (FMT == LP_W4 || FMT == LP_W6) {
                     // total += f * lo + f * hi as two vpdpwssd: each half fits in the low int16 of
                     // its lane and f16 holds f in the low int16, 0 above, so each is exactly the
@@ -445,7 +410,7 @@ void tile_super(const uint8_t* grp0, size_t stride, int nblk, const ActsRow* a, 
             for (int r = 0; r < R; ++r) acc[s][r] = add_scaled(acc[s][r], d, a[r].kd[sb], total[s][r]);
             if constexpr (MIN) {
                 __m512i pairs[per / 2];
-                min_factor_pairs<FMT>(sf[s], b0, pairs);
+                min_factor_pairs<FMT>(grp, b0, pairs);
                 const __m512 dmin = super_scale<FMT, MIN>(grp, b0, 1);
                 for (int r = 0; r < R; ++r) acc[s][r] = add_scaled(acc[s][r], dmin, a[r].kd[sb], row_mins<FMT>(pairs, a[r], b0));
             }
@@ -477,14 +442,12 @@ void tile_super_pair(const uint8_t* grp, int nblk, const ActsRow* a, float* cons
     for (int b0 = 0; b0 < nblk; b0 += per) {
         __m512i total[R];
         for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_si512();
-        SuperFactors<L> sf;
-        sf.load(grp, b0);
         for (int j = 0; j < per; ++j) {
             const int b = b0 + j, kb = b * block;
             const uint8_t* rec = L::quants(grp, b);
             if (prefetches<R>()) prefetch_ahead<FMT>(rec);
             const __m512i f16 = _mm512_and_si512(
-                _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(sf.of(b, 0)))),
+                _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(L::factors(grp, b, 0)))),
                 _mm512_set1_epi32(0xFFFF));
             // The block's weights, as block_halves_w4 and block_halves_w6 read them: u[0..H) for
             // the low half's quads, u[H..2H) for the high half's.
@@ -520,7 +483,7 @@ void tile_super_pair(const uint8_t* grp, int nblk, const ActsRow* a, float* cons
         if constexpr (MIN) {
             // tile_super's mins, the pairs of factors made once for the rows.
             __m512i pairs[per / 2];
-            min_factor_pairs<FMT>(sf, b0, pairs);
+            min_factor_pairs<FMT>(grp, b0, pairs);
             const __m512 dmin = super_scale<FMT, MIN>(grp, b0, 1);
             for (int r = 0; r < R; ++r)
                 _mm512_store_ps(acc[r], add_scaled(_mm512_load_ps(acc[r]), dmin, a[r].kd[sb], row_mins<FMT>(pairs, a[r], b0)));
@@ -555,13 +518,13 @@ void tile_blocks(const uint8_t* grp0, size_t stride, int nblk, const ActsRow* a,
             const uint8_t* rec = L::quants(grp, b);
             if (prefetches<R>()) prefetch_ahead<FMT>(rec, prefetch_bytes<R>());
             block_sums<FMT, ZERO8, R>(rec, a, kb, b, isum);
-            const __m512 scale = scales16<FMT, MIN>(grp, b, 0);
+            const __m512 scale = scales16<FMT, MIN, false>(grp, b, 0);
             for (int r = 0; r < R; ++r) {
                 const __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(a[r].d[kb / kActBlock]));
                 acc[s][r] = _mm512_fmadd_ps(sd, _mm512_cvtepi32_ps(isum[r]), acc[s][r]);
             }
             if constexpr (MIN) {
-                const __m512 mins = scales16<FMT, MIN>(grp, b, 1);
+                const __m512 mins = scales16<FMT, MIN, false>(grp, b, 1);
                 for (int r = 0; r < R; ++r)
                     acc[s][r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(min_term<FMT>(a[r], b)), acc[s][r]);
             }
@@ -634,32 +597,16 @@ const void* prepare(const uint8_t* grp, int nblk) {
     return nullptr;
 }
 
-// Block b's 8 stored float32 scales (which = 0) or mins (1) of half h (records: no FLAG_SUPER).
-template <int FMT, bool MIN>
+// Block b's 8 scales (which = 0) or mins (1) of half h: stored, or d times the factor (exact).
+template <int FMT, bool MIN, bool SUP>
 inline __m256 scales8(const uint8_t* grp, int b, int which, int h) {
-    return _mm256_load_ps(Blocks<FMT, MIN, false>::floats(grp, b, which) + 8 * h);
-}
-
-// Half h (32 bytes of each 64-byte line) of an LP_W6 block's 4 quads of q + 32 (0..63), quad t
-// in u[t], as the AVX-512 w6_quads.
-inline void w6_quads_half(const uint8_t* rec, int h, __m256i (&u)[4]) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
-    const auto at = [&](int t) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(rec + 64 * t + 32 * h)); };
-    const __m256i w0 = at(0), w1 = at(1), wh = at(2);
-    u[0] = _mm256_or_si256(_mm256_and_si256(w0, m4), _mm256_slli_epi16(_mm256_and_si256(wh, m2), 4));
-    u[1] = _mm256_or_si256(_mm256_and_si256(w1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(wh, 2), m2), 4));
-    u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w0, 4), m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(wh, 4), m2), 4));
-    u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w1, 4), m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(wh, 6), m2), 4));
-}
-
-inline void unpack_factors(const uint8_t* src, int8_t* dst) {
-    for (int h = 0; h < 2; ++h) {
-        __m256i u[4];
-        w6_quads_half(src, h, u);
-        for (int t = 0; t < 4; ++t) _mm256_store_si256(reinterpret_cast<__m256i*>(dst + 64 * t + 32 * h), u[t]);
-    }
+    using L = Blocks<FMT, MIN, SUP>;
+    __m256 values;
+    if constexpr (L::half_d) values = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(L::halves(grp, b, which) + 8 * h)));
+    else values = _mm256_load_ps(L::floats(grp, b, which) + 8 * h);
+    if constexpr (!SUP) return values;
+    const __m128i f = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(L::factors(grp, b, which) + 8 * h));
+    return _mm256_mul_ps(values, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(f)));
 }
 
 // The block's exact integer sums for the 8 columns of half h of the group, one int32 lane each;
@@ -698,8 +645,16 @@ inline void block_sums(const uint8_t* rec, const __m256i* u, int h, const ActsRo
     } else if constexpr (FMT == LP_W6) {
         // Unsigned q + 32 (0..63) against signed activations, less 32 times their sum; a
         // maddubs pair is at most 2 * 63 * 127, so each quad is widened on its own.
-        __m256i u[4];
-        w6_quads_half(rec, h, u);
+        const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+        const auto at = [&](int t) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(rec + 64 * t + 32 * h)); };
+        const __m256i w0 = at(0), w1 = at(1), wh = at(2);
+        const __m256i u[4] = {
+            _mm256_or_si256(_mm256_and_si256(w0, m4), _mm256_slli_epi16(_mm256_and_si256(wh, m2), 4)),
+            _mm256_or_si256(_mm256_and_si256(w1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(wh, 2), m2), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w0, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(wh, 4), m2), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w1, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(wh, 6), m2), 4))};
         for (int r = 0; r < R; ++r) {
             isum[r] = _mm256_set1_epi32(-32 * a[r].sum16[b]);
             for (int t = 0; t < 4; ++t) {
@@ -737,13 +692,13 @@ void half_tile(const uint8_t* grp, const __m256i* u, int h, int nblk, const Acts
         const uint8_t* rec = Blocks<FMT, MIN, SUP>::quants(grp, b);
         if (prefetches<R>() && h == 0 && !UNPACKED) prefetch_ahead<FMT>(rec, prefetch_bytes<R>());
         block_sums<FMT, ZERO8, R>(rec, UNPACKED ? u + 8 * b : nullptr, h, a, kb, b, isum);
-        const __m256 scale = scales8<FMT, MIN>(grp, b, 0, h);
+        const __m256 scale = scales8<FMT, MIN, SUP>(grp, b, 0, h);
         for (int r = 0; r < R; ++r) {
             const __m256 sd = _mm256_mul_ps(scale, _mm256_set1_ps(a[r].d[kb / kActBlock]));
             acc[r] = _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(isum[r]), acc[r]);
         }
         if constexpr (MIN) {
-            const __m256 mins = scales8<FMT, MIN>(grp, b, 1, h);
+            const __m256 mins = scales8<FMT, MIN, SUP>(grp, b, 1, h);
             for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(mins, _mm256_set1_ps(min_term<FMT>(a[r], b)), acc[r]);
         }
     }
@@ -761,15 +716,13 @@ void half_tile_super(const uint8_t* grp, const __m256i* u, int h, int nblk, cons
     for (int b0 = 0; b0 < nblk; b0 += per) {
         __m256i total[R];
         for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_si256();
-        SuperFactors<L> sf;
-        sf.load(grp, b0);
         for (int j = 0; j < per; ++j) {
             const int b = b0 + j;
             const uint8_t* rec = L::quants(grp, b);
             if (prefetches<R>() && h == 0 && !UNPACKED) prefetch_ahead<FMT>(rec, prefetch_bytes<R>());
             __m256i isum[R];
             block_sums<FMT, false, R>(rec, UNPACKED ? u + 8 * b : nullptr, h, a, b * block, b, isum);
-            const __m256i f = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sf.of(b, 0) + 8 * h)));
+            const __m256i f = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(L::factors(grp, b, 0) + 8 * h)));
             for (int r = 0; r < R; ++r) total[r] = _mm256_add_epi32(total[r], _mm256_mullo_epi32(isum[r], f));
         }
         const int sb = b0 / per;
@@ -783,7 +736,7 @@ void half_tile_super(const uint8_t* grp, const __m256i* u, int h, int nblk, cons
             for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_si256();
             for (int j = 0; j < per; j += 2) {
                 const auto factors = [&](int b) {
-                    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sf.of(b, 1) + 8 * h)));
+                    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(L::factors(grp, b, 1) + 8 * h)));
                 };
                 const __m256i pair = _mm256_or_si256(_mm256_and_si256(factors(b0 + j), _mm256_set1_epi32(0xFFFF)),
                                                      _mm256_slli_epi32(factors(b0 + j + 1), 16));
@@ -808,11 +761,11 @@ void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst, con
             if (FMT == LP_W4 && u != nullptr) half_tile_super<FMT, MIN, R, true>(grp, u, h, nblk, a, dst);
             else half_tile_super<FMT, MIN, R, false>(grp, nullptr, h, nblk, a, dst);
         }
-    } else {
-        for (int h = 0; h < 2; ++h) {
-            if (FMT == LP_W4 && u != nullptr) half_tile<FMT, MIN, ZERO8, SUP, R, true>(grp, u, h, nblk, a, dst);
-            else half_tile<FMT, MIN, ZERO8, SUP, R, false>(grp, nullptr, h, nblk, a, dst);
-        }
+        return;
+    }
+    for (int h = 0; h < 2; ++h) {
+        if (FMT == LP_W4 && u != nullptr) half_tile<FMT, MIN, ZERO8, SUP, R, true>(grp, u, h, nblk, a, dst);
+        else half_tile<FMT, MIN, ZERO8, SUP, R, false>(grp, nullptr, h, nblk, a, dst);
     }
 }
 
@@ -841,14 +794,13 @@ template <int FMT> inline int weight_q(const uint8_t* rec, int c, int j) {
 template <int FMT, bool MIN, bool SUP>
 const void* prepare(const uint8_t*, int) { return nullptr; }
 
-// Column c's stored float32 scale (which = 0) or min (1) of block b (records: no FLAG_SUPER).
-template <int FMT, bool MIN>
+// Column c's scale (which = 0) or min (1) of block b: stored, or d times the factor (exact).
+template <int FMT, bool MIN, bool SUP>
 inline float scale_of(const uint8_t* grp, int b, int which, int c) {
-    return Blocks<FMT, MIN, false>::floats(grp, b, which)[c];
-}
-
-inline void unpack_factors(const uint8_t* src, int8_t* dst) {
-    for (int i = 0; i < 256; ++i) dst[i] = packed_factor(src, i);
+    using L = Blocks<FMT, MIN, SUP>;
+    const float value = L::half_d ? lp::half_to_float(L::halves(grp, b, which)[c]) : L::floats(grp, b, which)[c];
+    if constexpr (!SUP) return value;
+    return value * float(L::factors(grp, b, which)[c]);
 }
 
 // A k-quant's super-blocks (FLAG_SUPER), as the SIMD tile_super: exact int32 totals per 256 k
@@ -857,52 +809,47 @@ template <int FMT, bool MIN>
 void tile_super(const uint8_t* grp, int nblk, const ActsRow* a, float* dst) {
     using L = Blocks<FMT, MIN, true>;
     constexpr int block = Fmt<FMT>::block, per = L::per_super;
-    float acc[kGroup] = {};
-    for (int b0 = 0; b0 < nblk; b0 += per) {
-        SuperFactors<L> sf;
-        sf.load(grp, b0);
-        const float xd = a->kd[b0 / per];
-        for (int c = 0; c < kGroup; ++c) {
+    for (int c = 0; c < kGroup; ++c) {
+        float acc = 0.0f;
+        for (int b0 = 0; b0 < nblk; b0 += per) {
             int32_t total = 0, min_total = 0;
             for (int b = b0; b < b0 + per; ++b) {
                 const uint8_t* rec = L::quants(grp, b);
                 int32_t isum = 0;  // weight_q is the signed q (Q6_K's q - 32 included)
                 for (int j = 0; j < block; ++j) isum += weight_q<FMT>(rec, c, j) * a->q[b * block + j];
-                total += isum * sf.of(b, 0)[c];
-                if (MIN) min_total += sf.of(b, 1)[c] * (block == 32 ? a->kp32[b] : a->kp16[b]);
+                total += isum * L::factors(grp, b, 0)[c];
+                if (MIN) min_total += L::factors(grp, b, 1)[c] * (block == 32 ? a->kp32[b] : a->kp16[b]);
             }
+            const float xd = a->kd[b0 / per];
             const float d = L::half_d ? lp::half_to_float(L::halves(grp, b0, 0)[c]) : L::floats(grp, b0, 0)[c];
-            acc[c] = std::fma(d * xd, float(total), acc[c]);
-            if (MIN) acc[c] = std::fma(lp::half_to_float(L::halves(grp, b0, 1)[c]) * xd, float(min_total), acc[c]);
+            acc = std::fma(d * xd, float(total), acc);
+            if (MIN) acc = std::fma(lp::half_to_float(L::halves(grp, b0, 1)[c]) * xd, float(min_total), acc);
         }
+        dst[c] = acc;
     }
-    for (int c = 0; c < kGroup; ++c) dst[c] = acc[c];
-}
-
-// Records of one block each (no FLAG_SUPER), column by column.
-template <int FMT, bool MIN, bool ZERO8>
-void tile_blocks(const uint8_t* grp, int nblk, const ActsRow* a, float* dst) {
-    constexpr int block = Fmt<FMT>::block;
-    float acc[kGroup] = {};
-    for (int b = 0; b < nblk; ++b) {
-        const int kb = b * block;
-        const uint8_t* rec = Blocks<FMT, MIN, false>::quants(grp, b);
-        const float xd = a->d[kb / kActBlock];
-        for (int c = 0; c < kGroup; ++c) {
-            int32_t isum = ZERO8 ? -8 * a->sum[b] : 0;
-            for (int j = 0; j < block; ++j) isum += weight_q<FMT>(rec, c, j) * a->q[kb + j];
-            acc[c] = std::fma(scale_of<FMT, MIN>(grp, b, 0, c) * xd, float(isum), acc[c]);
-            if (MIN) acc[c] = std::fma(scale_of<FMT, MIN>(grp, b, 1, c), min_term<FMT>(*a, b), acc[c]);
-        }
-    }
-    std::memcpy(dst, acc, sizeof acc);
 }
 
 template <int FMT, bool MIN, bool ZERO8, bool SUP, int R>
 void tile(const uint8_t* grp, int nblk, const ActsRow* a, float* const* dst, const void*) {
+    if constexpr (SUP) {
+        tile_super<FMT, MIN>(grp, nblk, a, dst[0]);
+        return;
+    }
+    constexpr int block = Fmt<FMT>::block;
     static_assert(R == 1, "the generic path works row by row");
-    if constexpr (SUP) tile_super<FMT, MIN>(grp, nblk, a, dst[0]);
-    else tile_blocks<FMT, MIN, ZERO8>(grp, nblk, a, dst[0]);
+    float acc[kGroup] = {};
+    for (int b = 0; b < nblk; ++b) {
+        const int kb = b * block;
+        const uint8_t* rec = Blocks<FMT, MIN, SUP>::quants(grp, b);
+        const float xd = a->d[kb / kActBlock];
+        for (int c = 0; c < kGroup; ++c) {
+            int32_t isum = ZERO8 ? -8 * a->sum[b] : 0;
+            for (int j = 0; j < block; ++j) isum += weight_q<FMT>(rec, c, j) * a->q[kb + j];
+            acc[c] = std::fma(scale_of<FMT, MIN, SUP>(grp, b, 0, c) * xd, float(isum), acc[c]);
+            if (MIN) acc[c] = std::fma(scale_of<FMT, MIN, SUP>(grp, b, 1, c), min_term<FMT>(*a, b), acc[c]);
+        }
+    }
+    std::memcpy(dst[0], acc, sizeof acc);
 }
 
 #endif

@@ -14,8 +14,7 @@ Packed weights (written by lamplight/native/pack.py; one layout for every build)
   256 k: [16 float32 d, or with LP_FLAG_MIN 16 fp16 d and 16 fp16 dmin: one 64-byte line][each
   block's 16 int8 scale factors][each block's 16 int8 min factors, with LP_FLAG_MIN][each
   block's quants]; a block's scale is d * factor (exact in float32), so both layouts give the
-  same bits. With LP_FLAG_MIN and 8 blocks a super-block (LP_W4, LP_W8_32: Q4_K, Q5_K) the 256
-  factors, 6-bit in gguf, take 192 bytes, packed as LP_W6 packs a block's quants (below).
+  same bits.
   The quants of one record hold, for each quad of 4 consecutive k, a 64-byte chunk with the 16
   columns' 4 values each (byte 4*c + i = column c, k = 4*quad + i): a chunk against 4 activation
   bytes broadcast gives the 16 columns' partial sums in 16 int32 lanes (vpdpbusd / maddubs).
