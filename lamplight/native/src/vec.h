@@ -66,15 +66,17 @@ inline float max_of(const float* x, int64_t n) {
     return mx;
 }
 
-// x[0..n) summed in one fixed order in every build: eight lanes (lane l takes i = l mod 8 of each
-// whole 8), then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), then the tail in order. A sequential sum
-// waits on each add; this one does not.
+// sum_of's ending: its eight lane sums as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), then x[i..n) in
+// order (the tail after the whole eights).
 inline float lanes_total(const float (&lanes)[8], const float* x, int64_t i, int64_t n) {
     float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
     for (; i < n; i++) sum += x[i];
     return sum;
 }
 
+// x[0..n) summed in one fixed order in every build: eight lanes (lane l takes i = l mod 8 of each
+// whole 8), then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), then the tail in order. A sequential sum
+// waits on each add; this one does not.
 inline float sum_of(const float* x, int64_t n) {
     int64_t i = 0;
     float lanes[8] = {0};
