@@ -157,7 +157,9 @@ def test_query_heads_sharing_loads_give_each_heads_bits(tmp_path, n_heads, n_kv,
     rows, whole 32- or 64-value passes over a head or a tail. An fp16 pool is read in place by
     the vector builds (converted to float32 rows first by the generic one): the same bits. The
     rows of a short chunk (3 and 9 rows; the 37-row prompt too where a group has fewer than 4
-    heads) attend together on AVX-512, up to 8 heads of 2 to 6 rows, each row over its own keys."""
+    heads) attend together on AVX-512, up to 8 heads of 2 to 6 rows, each row over its own keys;
+    so do the rows of a chunk long enough to transpose its keys (37 rows from 4 heads a group,
+    130 rows below), up to 8 heads of 1 to 8 rows, scored 4 or 2 lanes of the chains a pass."""
     path = write_tiny_llama(tmp_path / "heads.gguf", n_embd=n_heads * head_dim, n_heads=n_heads, n_kv=n_kv)
     results = {}
     for variant in VARIANTS:
@@ -165,7 +167,8 @@ def test_query_heads_sharing_loads_give_each_heads_bits(tmp_path, n_heads, n_kv,
         cache = _cache(model, kv_dtype)
         table = BlockTable(cache)
         results[variant] = _run(_native(model, variant), [[(table, _ids(37), 0)], [(table, _ids(3, 5), 37)],
-                                                          [(table, _ids(9, 6), 40)], [(table, [9], 49)]], cache)
+                                                          [(table, _ids(9, 6), 40)], [(table, [9], 49)],
+                                                          [(table, _ids(130, 7), 50)]], cache)
     first = results[VARIANTS[-1]]
     for variant, steps in results.items():
         for got, want in zip(steps, first):

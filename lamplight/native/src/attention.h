@@ -103,4 +103,16 @@ bool attend_rows_transposed(const LpConfig& c, const float* q, const uint16_t* k
                             const uint16_t* v_head, const int64_t* slots, const float* sinks, float* out,
                             std::vector<float>& scratch);
 
+// The most rows attend_chunk_rows_transposed takes (8 at most) for a group of `group` query heads
+// a KV head: rows * group heads share each transposed key vector, up to 8.
+inline int transposed_rows_together(int group) { return group >= 8 ? 1 : 8 / group; }
+
+// attend_chunk_rows_in_place for rows of a chunk whose keys transpose_keys wrote to kt, the rows'
+// keys being kt's from key `skip` on (the same first key for all), their values the pool's rows
+// read in place (v_head, value j at slots[j]): each row's result has the bits
+// attend_rows_in_place gives it alone. False (nothing computed) where the build cannot
+// (scores_transposed), or for more rows than transposed_rows_together.
+bool attend_chunk_rows_transposed(const LpChunkRows& rows, const uint16_t* kt, int64_t skip, const uint16_t* v_head,
+                                  const int64_t* slots, std::vector<float>& scratch);
+
 }  // namespace lp
