@@ -23,7 +23,7 @@ from lamplight.bench.client import RequestResult, ServerInfo, StreamRecorder
 from lamplight.bench.config import DEFAULT_CONFIG, QUICK_CONFIG, BenchConfig
 from lamplight.bench.context import BenchContext, Target
 from lamplight.bench.progress import Progress
-from lamplight.bench.prompts import COPY_EDIT_INSTRUCTION, PromptFactory, estimate_code_tokens
+from lamplight.bench.prompts import COPY_EDIT_INSTRUCTION, PromptFactory, estimate_code_tokens, repeated_share
 from lamplight.bench.report import ScenarioResult
 from lamplight.bench.scenarios import SCENARIOS, _acceptance_row, run_copy_edit, run_long_context
 
@@ -86,6 +86,25 @@ def test_a_tiny_size_still_holds_one_function_with_total():
     assert "total =" in prompt.user
 
 
+# --- how much of an answer repeats its prompt -----------------------------------------------
+
+def test_repeated_share_counts_the_characters_in_runs_found_in_the_source():
+    (prompt,) = copy_edit_prompts(6, 256, repeats=1)
+    code = listing(prompt)
+    assert repeated_share(prompt.user, code) == 1.0
+    # The asked-for edit: only the characters near each renamed word fall outside a shared run.
+    edited = repeated_share(prompt.user, code.replace("total", "subtotal"))
+    assert 0.6 < edited < 1.0
+    # Half the answer copied, half new text no 20 characters of which occur in the prompt.
+    new = "".join(chr(0x3b1 + i % 20) for i in range(len(code)))
+    assert repeated_share(prompt.user, code + new) == pytest.approx(0.5)
+    # A line repeated over and over still repeats the prompt; short shared words do not count.
+    line = max(code.splitlines(), key=len)
+    assert len(line) >= 20 and repeated_share(prompt.user, (line + "\n") * 5) > 0.9
+    assert repeated_share(prompt.user, "return total " * 4) == 0.0
+    assert repeated_share(prompt.user, "") is None and repeated_share("", "abc") == 0.0
+
+
 # --- draft counts from the server's timings --------------------------------------------------
 
 def recorded(*events: dict) -> RequestResult:
@@ -131,16 +150,19 @@ def test_later_timings_without_drafts_keep_the_counts_and_bad_values_are_ignored
 # --- the acceptance row and skipped servers, in process --------------------------------------
 
 class ScriptedClient:
-    """Answers every request at once with the given draft counts; remembers what it was sent."""
+    """Answers every request at once with the given draft counts and `reply(prompt)` as its text;
+    remembers what it was sent."""
 
-    def __init__(self, drafts: list[tuple[int, int]] | None = None):
+    def __init__(self, drafts: list[tuple[int, int]] | None = None, reply=lambda prompt: ""):
         self.drafts = list(drafts or [])
+        self.reply = reply
         self.sent: list[tuple[object, int]] = []
 
     async def stream(self, prompt, max_tokens: int) -> RequestResult:
         self.sent.append((prompt, max_tokens))
         result = RequestResult(max_tokens=max_tokens, total_s=0.05, ttft_s=0.01, decode_s=0.04,
-                               content_chunks=max_tokens, usage_completion_tokens=max_tokens)
+                               content_chunks=max_tokens, usage_completion_tokens=max_tokens,
+                               text=self.reply(prompt))
         if self.drafts:
             result.draft_n, result.draft_n_accepted = self.drafts.pop(0)
         return result
@@ -166,25 +188,36 @@ def test_acceptance_row_is_summed_accepted_over_summed_drafted():
     assert row.samples == {"A": 2, "B": 0} and row.unit == "%" and row.higher_is_better
 
 
-def test_copy_edit_scenario_reports_speed_latency_and_acceptance():
+def test_copy_edit_scenario_reports_speed_latency_acceptance_and_repetition():
     config = BenchConfig(copy_edit_source_tokens=64, copy_edit_max_tokens=32, copy_edit_repeats=2)
-    a, b = ScriptedClient([(20, 15), (10, 10)]), ScriptedClient()
+    # A repeats the listing it was sent; B answers something else.
+    a = ScriptedClient([(20, 15), (10, 10)], reply=lambda prompt: listing(prompt))
+    b = ScriptedClient(reply=lambda prompt: "Here is some other text entirely." * 3)
     scenario = asyncio.run(run_copy_edit(context(config, ("A", 4096, a), ("B", 4096, b))))
     assert [r["server"] for r in scenario.records] == ["A", "B", "A", "B"]
     assert [r["repeat"] for r in scenario.records] == [0, 0, 1, 1]
     assert a.sent[0][0] == b.sent[0][0] and a.sent[0][0] != a.sent[1][0]
     assert {max_tokens for _, max_tokens in a.sent + b.sent} == {32}
     rows = {row.name: row for row in scenario.rows}
-    assert set(rows) == {"decode speed, copying the prompt", "latency for 32 tokens", "draft tokens accepted"}
+    assert set(rows) == {"decode speed, copying the prompt", "latency for 32 tokens", "draft tokens accepted",
+                         "answer text repeating the prompt"}
     assert rows["draft tokens accepted"].values == {"A": pytest.approx(25 / 30 * 100), "B": None}
     assert rows["decode speed, copying the prompt"].values["A"] == pytest.approx(31 / 0.04)
     assert rows["latency for 32 tokens"].values["B"] == pytest.approx(50)
+    repeated = rows["answer text repeating the prompt"]
+    assert repeated.values == {"A": 100.0, "B": 0.0} and repeated.samples == {"A": 2, "B": 2}
+    assert not repeated.compared and repeated.ratio() is None and repeated.better() is None
+    assert repeated.aside == "of the answers"
+    assert all("reply" not in r for r in scenario.records)
 
 
 def test_copy_edit_without_drafts_has_no_acceptance_row():
     config = BenchConfig(copy_edit_source_tokens=64, copy_edit_max_tokens=8, copy_edit_repeats=1)
     scenario = asyncio.run(run_copy_edit(context(config, ("A", None, ScriptedClient()))))
-    assert [row.name for row in scenario.rows] == ["decode speed, copying the prompt", "latency for 8 tokens"]
+    assert [row.name for row in scenario.rows] == ["decode speed, copying the prompt", "latency for 8 tokens",
+                                                   "answer text repeating the prompt"]
+    # An empty answer repeats nothing and is not counted.
+    assert scenario.rows[-1].values == {"A": None} and scenario.records[0]["repeated_pct"] is None
 
 
 def test_long_context_skips_servers_whose_context_is_too_small():
@@ -289,6 +322,8 @@ def test_cli_runs_both_scenarios_against_servers(tmp_path, capsys, api):
     assert all(r["draft_n"] is None for r in copy_edit["requests"] if r["server"] == "B")
     summary = {(row["scenario"], row["metric"]): row["values"] for row in report["summary"]}
     assert summary[("copy_edit", "draft tokens accepted")] == {"A": 75.0, "B": None}
+    # The fake servers answer " x x x ...": nothing of the prompt.
+    assert summary[("copy_edit", "answer text repeating the prompt")] == {"A": 0.0, "B": 0.0}
     assert all(summary[("copy_edit", "decode speed, copying the prompt")].values())
     # B's 1024-token context cannot hold the 2000-token prompt.
     assert [r["server"] for r in long_context["requests"]] == ["A"]
@@ -296,6 +331,7 @@ def test_cli_runs_both_scenarios_against_servers(tmp_path, capsys, api):
     assert summary[("long_context", "decode speed after a 2000-token prompt")]["A"] > 0
     assert any("2000-token prompt skipped on server B" in w for w in report["warnings"])
     assert "draft tokens accepted" in captured.out and "2000-token prompt skipped" in captured.err
+    assert "answer text repeating the prompt [%] (of the answers)" in captured.out
 
 
 def test_help_lists_the_new_scenarios_and_fields(capsys):

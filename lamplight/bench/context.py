@@ -42,8 +42,9 @@ class BenchContext:
         return min(limits) if limits else None
 
     async def measure(self, scenario: ScenarioResult, target: Target, prompt: Prompt,
-                      max_tokens: int, **tags) -> dict:
-        """Send one timed request and add its figures to the scenario's records."""
+                      max_tokens: int, keep_reply: bool = False, **tags) -> dict:
+        """Send one timed request and add its figures to the scenario's records; with keep_reply,
+        the record's "reply" holds the text generated (for the caller to judge and pop)."""
         result = await target.client.stream(prompt, max_tokens)
         record = {
             "server": target.label,
@@ -51,6 +52,7 @@ class BenchContext:
             "prompt_target_tokens": prompt.target_tokens,
             "prompt_counted_tokens": prompt.counted_tokens,
             **result.to_dict(),
+            **({"reply": result.text} if keep_reply else {}),
         }
         scenario.records.append(record)
         self.progress.tick(failed=result.error is not None)

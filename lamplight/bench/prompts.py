@@ -159,6 +159,20 @@ def _render_function(rng: random.Random, index: int, names: set[str]) -> str:
         a=rng.randint(2, 9), b=rng.randint(10, 99), c=rng.randint(100, 999)).rstrip("\n")
 
 
+def repeated_share(source: str, text: str, run: int = 20) -> float | None:
+    """The share of text's characters that lie in a run of at least `run` characters found in
+    source as well: how much of an answer repeats its prompt (a copy/edit answer should, mostly;
+    a rename leaves the runs between the renamed words). None for an empty text."""
+    if not text:
+        return None
+    pieces = {source[i:i + run] for i in range(len(source) - run + 1)}
+    covered = bytearray(len(text))
+    for i in range(len(text) - run + 1):
+        if text[i:i + run] in pieces:
+            covered[i:i + run] = b"\x01" * run
+    return sum(covered) / len(text)
+
+
 def estimate_code_tokens(text: str) -> int:
     """Without a tokenizer: one token per identifier, number, run of symbols or line break."""
     return len(re.findall(r"\w+|[^\w\s]+|\n", text))

@@ -26,8 +26,10 @@ class MetricRow:
     values: dict[str, float | None]
     samples: dict[str, int] = field(default_factory=dict)
     # False for a figure of the host rather than the server (the bandwidth a roofline is taken
-    # from): no ratio, no winner.
+    # from) or of the answers (how much of them repeats the prompt): no ratio, no winner; `aside`
+    # says what it is of, in place of which way is better.
     compared: bool = True
+    aside: str = "of the host"
 
     def ratio(self) -> float | None:
         """A/B, when both values exist."""
@@ -168,7 +170,7 @@ def format_table(report: BenchReport) -> str:
 
 
 def _table_cells(row: MetricRow, labels: list[str]) -> list[str]:
-    direction = ("higher is better" if row.higher_is_better else "lower is better") if row.compared else "of the host"
+    direction = ("higher is better" if row.higher_is_better else "lower is better") if row.compared else row.aside
     cells = [row.scenario, f"{row.name} [{row.unit}] ({direction})"]
     cells += [_format_number(row.values.get(label)) for label in labels]
     if len(labels) == 2:

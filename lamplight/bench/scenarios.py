@@ -12,7 +12,7 @@ import time
 from typing import Awaitable, Callable
 
 from lamplight.bench.context import TEMPLATE_MARGIN, BenchContext, Target
-from lamplight.bench.prompts import Prompt
+from lamplight.bench.prompts import Prompt, repeated_share
 from lamplight.bench.report import MetricRow, ScenarioResult, median_or_none, scaled
 from lamplight.bench.roofline import Roofline
 
@@ -290,7 +290,9 @@ def _share_row(scenario: ScenarioResult, ctx: BenchContext, name: str, records: 
 async def run_copy_edit(ctx: BenchContext) -> ScenarioResult:
     """Answers that repeat most of their prompt, as code edits do: where speculative decoding
     (n-gram lookup or a draft model) pays off, so beside the speed comes the share of drafted
-    tokens the server accepted, when it reports one. ignore_eos keeps the token count fixed."""
+    tokens the server accepted, when it reports one, and how much of the answers does repeat
+    the prompt (a small model may not: then the scenario shows less than it is meant to).
+    ignore_eos keeps the token count fixed."""
     cfg = ctx.config
     scenario = ScenarioResult("copy_edit", {"source_tokens": cfg.copy_edit_source_tokens,
                                             "max_tokens": cfg.copy_edit_max_tokens,
@@ -299,16 +301,26 @@ async def run_copy_edit(ctx: BenchContext) -> ScenarioResult:
               await ctx.prompts.copy_edit_prompt(cfg.copy_edit_source_tokens, f"copy_edit/{repeat}"))
              for repeat in range(cfg.copy_edit_repeats)]
     await _run_plan(ctx, scenario, _fitting_plan(scenario, ctx, steps, cfg.copy_edit_max_tokens),
-                    cfg.copy_edit_max_tokens)
+                    cfg.copy_edit_max_tokens, judge=_note_repetition)
+    repeated = summary_row(scenario, ctx, "answer text repeating the prompt", "%", True, "repeated_pct")
+    repeated.compared, repeated.aside = False, "of the answers"  # what they are, not how fast a server is
     scenario.rows = [
         summary_row(scenario, ctx, "decode speed, copying the prompt", "tok/s", True, "decode_tps"),
         summary_row(scenario, ctx, f"latency for {cfg.copy_edit_max_tokens} tokens", "ms", False,
                     "total_s", 1000),
+        repeated,
     ]
     drafted = [r for r in scenario.records if not r["error"] and r["draft_n"] is not None]
     if drafted:
         scenario.rows.append(_acceptance_row(scenario, ctx, drafted))
     return scenario
+
+
+def _note_repetition(record: dict, prompt: Prompt) -> None:
+    """The record's answer judged against its prompt: the share of it that repeats the prompt
+    (prompts.repeated_share) in percent; the text itself is not kept."""
+    share = repeated_share(prompt.user, record.pop("reply"))
+    record["repeated_pct"] = None if share is None or record["error"] else 100.0 * share
 
 
 def _acceptance_row(scenario: ScenarioResult, ctx: BenchContext, records: list[dict]) -> MetricRow:
@@ -338,12 +350,17 @@ async def run_long_context(ctx: BenchContext) -> ScenarioResult:
 
 
 async def _run_plan(ctx: BenchContext, scenario: ScenarioResult,
-                    plan: list[tuple[int, int, Prompt, list[Target]]], max_tokens: int) -> None:
-    """Each step on each of its servers in turn, tagged with its repeat."""
+                    plan: list[tuple[int, int, Prompt, list[Target]]], max_tokens: int,
+                    judge: Callable[[dict, Prompt], None] | None = None) -> None:
+    """Each step on each of its servers in turn, tagged with its repeat; `judge(record, prompt)`
+    then reads the record's "reply" (and pops it)."""
     ctx.progress.start(scenario.name, sum(len(targets) for *_, targets in plan))
     for _, repeat, prompt, targets in plan:
         for target in targets:
-            await ctx.measure(scenario, target, prompt, max_tokens, repeat=repeat)
+            record = await ctx.measure(scenario, target, prompt, max_tokens, keep_reply=judge is not None,
+                                       repeat=repeat)
+            if judge is not None:
+                judge(record, prompt)
     ctx.progress.finish()
 
 
