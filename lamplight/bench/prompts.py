@@ -14,6 +14,7 @@ ask for it back with one rename: an answer that repeats its prompt, as code edit
 
 from __future__ import annotations
 
+import difflib
 import random
 import re
 from dataclasses import dataclass
@@ -160,17 +161,15 @@ def _render_function(rng: random.Random, index: int, names: set[str]) -> str:
 
 
 def repeated_share(source: str, text: str, run: int = 20) -> float | None:
-    """The share of text's characters that lie in a run of at least `run` characters found in
-    source as well: how much of an answer repeats its prompt (a copy/edit answer should, mostly;
-    a rename leaves the runs between the renamed words). None for an empty text."""
+    """The share of text's characters that repeat source, in order, in runs of at least `run`
+    characters (difflib's matching blocks: each part of source counts once): how much of an
+    answer repeats its prompt, as a copy/edit answer should (a rename leaves the runs between
+    the renamed words; an answer that loops on one copied line repeats it once). None for an
+    empty text."""
     if not text:
         return None
-    pieces = {source[i:i + run] for i in range(len(source) - run + 1)}
-    covered = bytearray(len(text))
-    for i in range(len(text) - run + 1):
-        if text[i:i + run] in pieces:
-            covered[i:i + run] = b"\x01" * run
-    return sum(covered) / len(text)
+    blocks = difflib.SequenceMatcher(None, source, text, autojunk=False).get_matching_blocks()
+    return sum(block.size for block in blocks if block.size >= run) / len(text)
 
 
 def estimate_code_tokens(text: str) -> int:
