@@ -287,7 +287,7 @@ void score_keys_heads16(const float* const* q, const Rows& keys, int64_t n, int 
 // and one fp16 conversion per index of 16 keys instead of one per key and 8 values for each row.
 // The chains run a few lanes at a time, as many as H heads' accumulators leave room for in the
 // registers (4 lanes for up to 6 heads, 2 for 7 or 8: the rows of a chunk scored together,
-// attend_chunk_heads_transposed), so that the heads share each key vector; ((l0+l1)+(l2+l3)) +
+// attend_chunk_rows_transposed), so that the heads share each key vector; ((l0+l1)+(l2+l3)) +
 // ((l4+l5)+(l6+l7)) as score_keys adds them, the partial sums of 2-lane passes kept in the
 // scores' own lines. 4 lanes for 6 heads (30 of the 32 registers) ran SmolLM2's 512-token
 // prompt's attention 2% faster than 2 lanes. Every key's score has score_keys' bits (fp16
@@ -457,31 +457,47 @@ void attend_rows_in(const LpConfig& c, const float* q, const Rows& keys, const R
 #endif
 
 #if defined(__AVX512F__)
-// attend_chunk_rows_in_place for H = rows * group heads: every (row, query head) a head of its
-// own, scored against the longest row's keys (a key's score is its own, so the shorter rows'
+// The rows of a chunk attending together as H = rows * group heads: every (row, query head) a
+// head of its own, scored by score(qs, ss) into rows of `stride` scores, the rows' keys from
+// `offset` on, against the longest row's keys (a key's score is its own, so the shorter rows'
 // extra scores are never read), its softmax and values over its own row's keys.
-template <int H>
-void attend_chunk_heads(const lp::LpChunkRows& rows, const F16PoolRows& keys, const F16PoolRows& values,
-                        vector<float>& scratch) {
+template <int H, class Score>
+void attend_chunk_heads(const lp::LpChunkRows& rows, int64_t stride, int64_t offset, const F16PoolRows& values,
+                        vector<float>& scratch, Score&& score) {
     const LpConfig& c = *rows.c;
     const int group = c.n_heads / c.n_kv_heads;
-    const int64_t n_max = *std::max_element(rows.n, rows.n + rows.count);
-    float* scores = grow(scratch, (size_t)n_max * H);
+    float* scores = grow(scratch, (size_t)stride * H);
     const float* qs[H];
     float* ss[H];
     float* outs[H];
     float inv[H];
     int64_t ns[H];
+    const float* sink[H];
     for (int h = 0; h < H; h++) {
         const int r = h / group, i = h % group;
-        qs[h] = rows.q[r] + (int64_t)i * c.head_dim_k, ss[h] = scores + h * n_max, outs[h] = rows.out[r] + (int64_t)i * c.head_dim_v;
-        ns[h] = rows.n[r];
+        qs[h] = rows.q[r] + (int64_t)i * c.head_dim_k, ss[h] = scores + h * stride, outs[h] = rows.out[r] + (int64_t)i * c.head_dim_v;
+        ns[h] = rows.n[r], sink[h] = rows.sinks ? rows.sinks + i : nullptr;
     }
-    score_keys_heads16<H>(qs, keys, n_max, c.head_dim_k, c.attn_scale, ss, values, rows.prefetch);
-    const float* sink[H];
-    for (int h = 0; h < H; h++) sink[h] = rows.sinks ? rows.sinks + h % group : nullptr;
+    score(qs, ss);
+    for (int h = 0; h < H; h++) ss[h] += offset;
     softmax_heads<H>(c, ss, ns, sink, inv);
     weigh_values_heads<H, ValueLanes>(ss, values, ns, c.head_dim_v, inv, outs);
+}
+
+// fn(std::integral_constant<int, H>()) for H = `heads` from 2 to 8 (attend_chunk_heads' counts);
+// false for any other.
+template <class Fn>
+bool with_heads(int heads, Fn&& fn) {
+    switch (heads) {
+        case 2: fn(std::integral_constant<int, 2>()); return true;
+        case 3: fn(std::integral_constant<int, 3>()); return true;
+        case 4: fn(std::integral_constant<int, 4>()); return true;
+        case 5: fn(std::integral_constant<int, 5>()); return true;
+        case 6: fn(std::integral_constant<int, 6>()); return true;
+        case 7: fn(std::integral_constant<int, 7>()); return true;
+        case 8: fn(std::integral_constant<int, 8>()); return true;
+        default: return false;
+    }
 }
 #endif
 
@@ -498,35 +514,6 @@ void attend_rows_transposed_in(const LpConfig& c, const float* q, const uint16_t
                  [&](auto heads, int, const float* const* qs, float* const* ss) {
                      score_keys_transposed<decltype(heads)::value>(qs, blocks, n_blocks, c.head_dim_k, c.attn_scale, ss);
                  });
-}
-
-// attend_chunk_heads with the scores from the chunk's transposed keys (kt, the rows' keys from
-// `skip` on, as attend_rows_transposed_in): every (row, query head) a head of its own, scored
-// against the longest row's blocks, its softmax and values over its own row's keys.
-template <int H>
-void attend_chunk_heads_transposed(const lp::LpChunkRows& rows, const uint16_t* kt, int64_t skip,
-                                   const F16PoolRows& values, vector<float>& scratch) {
-    const LpConfig& c = *rows.c;
-    const int group = c.n_heads / c.n_kv_heads;
-    const int64_t n_max = *std::max_element(rows.n, rows.n + rows.count);
-    const int64_t first_block = skip / lp::KEY_BLOCK, offset = skip % lp::KEY_BLOCK;
-    const int64_t n_blocks = (offset + n_max + lp::KEY_BLOCK - 1) / lp::KEY_BLOCK, stride = n_blocks * lp::KEY_BLOCK;
-    float* scores = grow(scratch, (size_t)stride * H);
-    const float* qs[H];
-    float* ss[H];
-    float* outs[H];
-    float inv[H];
-    int64_t ns[H];
-    const float* sink[H];
-    for (int h = 0; h < H; h++) {
-        const int r = h / group, i = h % group;
-        qs[h] = rows.q[r] + (int64_t)i * c.head_dim_k, ss[h] = scores + h * stride, outs[h] = rows.out[r] + (int64_t)i * c.head_dim_v;
-        ns[h] = rows.n[r], sink[h] = rows.sinks ? rows.sinks + i : nullptr;
-    }
-    score_keys_transposed<H>(qs, kt + first_block * lp::KEY_BLOCK * c.head_dim_k, n_blocks, c.head_dim_k, c.attn_scale, ss);
-    for (int h = 0; h < H; h++) ss[h] += offset;
-    softmax_heads<H>(c, ss, ns, sink, inv);
-    weigh_values_heads<H, ValueLanes>(ss, values, ns, c.head_dim_v, inv, outs);
 }
 #endif
 
@@ -577,16 +564,13 @@ bool attend_chunk_rows_in_place(const LpChunkRows& rows, const uint16_t* k_head,
 #if defined(__AVX512F__)
     const LpConfig& c = *rows.c;
     F16PoolRows keys{k_head, slots, c.head_dim_k, zero_halves}, values{v_head, slots, c.head_dim_v, zero_halves};
-    switch (rows.count * (c.n_heads / c.n_kv_heads)) {
-        case 2: attend_chunk_heads<2>(rows, keys, values, scratch); return true;
-        case 3: attend_chunk_heads<3>(rows, keys, values, scratch); return true;
-        case 4: attend_chunk_heads<4>(rows, keys, values, scratch); return true;
-        case 5: attend_chunk_heads<5>(rows, keys, values, scratch); return true;
-        case 6: attend_chunk_heads<6>(rows, keys, values, scratch); return true;
-        case 7: attend_chunk_heads<7>(rows, keys, values, scratch); return true;
-        case 8: attend_chunk_heads<8>(rows, keys, values, scratch); return true;
-        default: return false;
-    }
+    const int64_t n_max = *std::max_element(rows.n, rows.n + rows.count);
+    return with_heads(rows.count * (c.n_heads / c.n_kv_heads), [&](auto heads) {
+        constexpr int H = decltype(heads)::value;
+        attend_chunk_heads<H>(rows, n_max, 0, values, scratch, [&](const float* const* qs, float* const* ss) {
+            score_keys_heads16<H>(qs, keys, n_max, c.head_dim_k, c.attn_scale, ss, values, rows.prefetch);
+        });
+    });
 #else
     (void)rows, (void)k_head, (void)v_head, (void)slots, (void)scratch;
     return false;
@@ -605,18 +589,21 @@ void transpose_keys(const uint16_t* k_head, const int64_t* slots, int64_t n, int
 bool attend_chunk_rows_transposed(const LpChunkRows& rows, const uint16_t* kt, int64_t skip, const uint16_t* v_head,
                                   const int64_t* slots, std::vector<float>& scratch) {
 #if defined(__AVX512F__)
+    // The rows' scores from the chunk's transposed keys, whole blocks from the one holding key
+    // `skip` (as attend_rows_transposed_in).
     const LpConfig& c = *rows.c;
     const F16PoolRows values{v_head, slots, c.head_dim_v, zero_halves};
-    switch (rows.count * (c.n_heads / c.n_kv_heads)) {
-        case 2: attend_chunk_heads_transposed<2>(rows, kt, skip, values, scratch); return true;
-        case 3: attend_chunk_heads_transposed<3>(rows, kt, skip, values, scratch); return true;
-        case 4: attend_chunk_heads_transposed<4>(rows, kt, skip, values, scratch); return true;
-        case 5: attend_chunk_heads_transposed<5>(rows, kt, skip, values, scratch); return true;
-        case 6: attend_chunk_heads_transposed<6>(rows, kt, skip, values, scratch); return true;
-        case 7: attend_chunk_heads_transposed<7>(rows, kt, skip, values, scratch); return true;
-        case 8: attend_chunk_heads_transposed<8>(rows, kt, skip, values, scratch); return true;
-        default: return false;
-    }
+    const int64_t n_max = *std::max_element(rows.n, rows.n + rows.count);
+    const int64_t first_block = skip / KEY_BLOCK, offset = skip % KEY_BLOCK;
+    const int64_t n_blocks = (offset + n_max + KEY_BLOCK - 1) / KEY_BLOCK;
+    const uint16_t* blocks = kt + first_block * KEY_BLOCK * c.head_dim_k;
+    return with_heads(rows.count * (c.n_heads / c.n_kv_heads), [&](auto heads) {
+        constexpr int H = decltype(heads)::value;
+        attend_chunk_heads<H>(rows, n_blocks * KEY_BLOCK, offset, values, scratch,
+                              [&](const float* const* qs, float* const* ss) {
+                                  score_keys_transposed<H>(qs, blocks, n_blocks, c.head_dim_k, c.attn_scale, ss);
+                              });
+    });
 #else
     (void)rows, (void)kt, (void)skip, (void)v_head, (void)slots, (void)scratch;
     return false;
