@@ -502,17 +502,30 @@ bool with_heads(int heads, Fn&& fn) {
 #endif
 
 #if defined(__AVX512F__)
-// attend_rows_in with the scores from a chunk's transposed keys (lp::transpose_keys), the row's
-// keys being the chunk's from `skip` on. Whole blocks are scored, the first block's keys before
-// `skip` too (their lanes are their own, and unread).
+// The blocks of a chunk's transposed keys (lp::transpose_keys, d values a key) that a row whose
+// keys are the chunk's [skip, skip + n) scores against: whole blocks from the one holding key
+// `skip`, which is that block's key `offset` (the keys before it score too: their lanes are
+// their own, and unread).
+struct TransposedSpan {
+    const uint16_t* blocks;
+    int64_t n_blocks, offset;
+    int64_t keys() const { return n_blocks * lp::KEY_BLOCK; }
+};
+
+inline TransposedSpan transposed_span(const uint16_t* kt, int64_t skip, int64_t n, int d) {
+    const int64_t first_block = skip / lp::KEY_BLOCK, offset = skip % lp::KEY_BLOCK;
+    return {kt + first_block * lp::KEY_BLOCK * d, (offset + n + lp::KEY_BLOCK - 1) / lp::KEY_BLOCK, offset};
+}
+
+// attend_rows_in with the scores from a chunk's transposed keys, the row's keys being the
+// chunk's from `skip` on (transposed_span).
 void attend_rows_transposed_in(const LpConfig& c, const float* q, const uint16_t* kt, int64_t skip, int64_t n,
                                const F16PoolRows& values, const float* sinks, float* out, vector<float>& scratch) {
-    const int64_t first_block = skip / lp::KEY_BLOCK, offset = skip % lp::KEY_BLOCK;
-    const int64_t n_blocks = (offset + n + lp::KEY_BLOCK - 1) / lp::KEY_BLOCK;
-    const uint16_t* blocks = kt + first_block * lp::KEY_BLOCK * c.head_dim_k;
-    attend_heads(c, q, n, n_blocks * lp::KEY_BLOCK, offset, values, sinks, out, scratch,
+    const TransposedSpan span = transposed_span(kt, skip, n, c.head_dim_k);
+    attend_heads(c, q, n, span.keys(), span.offset, values, sinks, out, scratch,
                  [&](auto heads, int, const float* const* qs, float* const* ss) {
-                     score_keys_transposed<decltype(heads)::value>(qs, blocks, n_blocks, c.head_dim_k, c.attn_scale, ss);
+                     score_keys_transposed<decltype(heads)::value>(qs, span.blocks, span.n_blocks, c.head_dim_k,
+                                                                   c.attn_scale, ss);
                  });
 }
 #endif
@@ -589,19 +602,15 @@ void transpose_keys(const uint16_t* k_head, const int64_t* slots, int64_t n, int
 bool attend_chunk_rows_transposed(const LpChunkRows& rows, const uint16_t* kt, int64_t skip, const uint16_t* v_head,
                                   const int64_t* slots, std::vector<float>& scratch) {
 #if defined(__AVX512F__)
-    // The rows' scores from the chunk's transposed keys, whole blocks from the one holding key
-    // `skip` (as attend_rows_transposed_in).
+    // The rows' scores from the chunk's transposed keys, the longest row's span of blocks.
     const LpConfig& c = *rows.c;
     const F16PoolRows values{v_head, slots, c.head_dim_v, zero_halves};
-    const int64_t n_max = *std::max_element(rows.n, rows.n + rows.count);
-    const int64_t first_block = skip / KEY_BLOCK, offset = skip % KEY_BLOCK;
-    const int64_t n_blocks = (offset + n_max + KEY_BLOCK - 1) / KEY_BLOCK;
-    const uint16_t* blocks = kt + first_block * KEY_BLOCK * c.head_dim_k;
+    const TransposedSpan span = transposed_span(kt, skip, *std::max_element(rows.n, rows.n + rows.count), c.head_dim_k);
     return with_heads(rows.count * (c.n_heads / c.n_kv_heads), [&](auto heads) {
         constexpr int H = decltype(heads)::value;
-        attend_chunk_heads<H>(rows, n_blocks * KEY_BLOCK, offset, values, scratch,
+        attend_chunk_heads<H>(rows, span.keys(), span.offset, values, scratch,
                               [&](const float* const* qs, float* const* ss) {
-                                  score_keys_transposed<H>(qs, blocks, n_blocks, c.head_dim_k, c.attn_scale, ss);
+                                  score_keys_transposed<H>(qs, span.blocks, span.n_blocks, c.head_dim_k, c.attn_scale, ss);
                               });
     });
 #else
